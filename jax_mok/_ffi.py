@@ -1,0 +1,50 @@
+"""Loads the native extensions and registers their XLA FFI targets, once."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import jax
+
+TARGETS = ("mok_moe_fwd", "mok_moe_bwd")
+
+
+@functools.cache
+def cpu_module():
+    """The CPU extension, registered for platform "cpu" (None when it is not built)."""
+    try:
+        module = importlib.import_module("jax_mok._mok_cpu")
+    except ImportError:
+        return None
+    for name, capsule in module.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    return module
+
+
+@functools.cache
+def cuda_module():
+    """The CUDA extension, registered for platform "CUDA" (None when it is not built)."""
+    try:
+        module = importlib.import_module("jax_mok._mok_cuda")
+    except ImportError:
+        return None
+    for name, capsule in module.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    return module
+
+
+def gpu_present() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def backends() -> dict:
+    """What is built and usable here, for `python -m jax_mok info` and error messages."""
+    return {
+        "cpu_kernels": cpu_module() is not None,
+        "cuda_kernels": cuda_module() is not None,
+        "gpu_present": gpu_present(),
+    }

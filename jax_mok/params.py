@@ -1,0 +1,65 @@
+"""MoEParams: the weights of one MoE layer as a pytree, and init_params."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jax_mok.config import MoEConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MoEParams:
+    """Weights of a MoE layer. ``config`` is static pytree metadata.
+
+    Shapes: ``router [H, E]`` float32, ``router_bias [E]`` float32 or None (sigmoid routing),
+    ``w_gate_up [E, H, 2F]`` (gate = ``[..., :F]``, up = ``[..., F:]``), ``w_down [E, F, H]``,
+    ``shared_gate_up [H, 2S]`` / ``shared_down [S, H]`` or None.
+    """
+
+    router: jax.Array
+    router_bias: jax.Array | None
+    w_gate_up: jax.Array
+    w_down: jax.Array
+    shared_gate_up: jax.Array | None
+    shared_down: jax.Array | None
+    config: MoEConfig = dataclasses.field(metadata=dict(static=True))
+
+
+def init_params(key: jax.Array, config: MoEConfig, dtype=jnp.bfloat16) -> MoEParams:
+    """Random initial weights: truncated-normal fan-in scaling, router in float32.
+
+    Example:
+      >>> import jax, jax_mok
+      >>> cfg = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=16, ffn_size=8)
+      >>> p = jax_mok.init_params(jax.random.key(0), cfg)
+      >>> p.w_gate_up.shape, p.w_down.shape
+      ((4, 16, 16), (4, 8, 16))
+    """
+    if not isinstance(config, MoEConfig):
+        raise TypeError(f"init_params: config must be a MoEConfig, got {type(config).__name__}")
+    E, H, F = config.num_experts, config.hidden_size, config.ffn_size
+    S = config.shared_size
+    k_router, k_gu, k_down, k_sgu, k_sdown = jax.random.split(key, 5)
+
+    def fan_in(k, shape, fan):
+        std = 1.0 / math.sqrt(fan)
+        return (jax.random.truncated_normal(k, -2.0, 2.0, shape, jnp.float32) * std).astype(dtype)
+
+    router = jax.random.normal(k_router, (H, E), jnp.float32) / math.sqrt(H)
+    router_bias = jnp.zeros((E,), jnp.float32) if config.routing == "sigmoid" else None
+    shared_gate_up = fan_in(k_sgu, (H, 2 * S), H) if S else None
+    shared_down = fan_in(k_sdown, (S, H), S) if S else None
+    return MoEParams(
+        router=router,
+        router_bias=router_bias,
+        w_gate_up=fan_in(k_gu, (E, H, 2 * F), H),
+        w_down=fan_in(k_down, (E, F, H), F),
+        shared_gate_up=shared_gate_up,
+        shared_down=shared_down,
+        config=config,
+    )

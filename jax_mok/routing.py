@@ -1,0 +1,127 @@
+"""Routing in JAX: router logits, expert selection, routing weights, capacity, aux losses.
+
+Everything here is small next to the expert GEMMs and stays differentiable: the router's
+gradient reaches it through the routing weights (``d_topk_weights`` from the kernels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jax_mok.config import MoEConfig
+
+DROPPED = -1  # expert id of an assignment dropped by the capacity limit; kernels skip it
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """Result of routing T tokens.
+
+    Attributes:
+      topk_ids: [T, k] int32 expert of each assignment, ``DROPPED`` (-1) when over capacity.
+      topk_weights: [T, k] float32 routing weights (normalised and scaled).
+      logits: [T, E] float32 router logits.
+      scores: [T, E] float32 softmax / sigmoid scores.
+      expert_counts: [E] int32 assignments each expert processes (after capacity drops).
+      dropped: int32 number of dropped assignments.
+    """
+
+    topk_ids: jax.Array
+    topk_weights: jax.Array
+    logits: jax.Array
+    scores: jax.Array
+    expert_counts: jax.Array
+    dropped: jax.Array
+
+
+def _group_limited(selection: jax.Array, config: MoEConfig) -> jax.Array:
+    """Masks experts outside the ``topk_group`` best groups with -inf.
+
+    A group's score is the sum of its two highest selection scores (its one score for groups of
+    one expert).
+    """
+    T, E = selection.shape
+    per_group = E // config.n_group
+    grouped = selection.reshape(T, config.n_group, per_group)
+    best = jax.lax.top_k(grouped, min(2, per_group))[0]
+    group_scores = best.sum(-1)  # [T, n_group]
+    _, keep = jax.lax.top_k(group_scores, config.topk_group)  # [T, topk_group]
+    group_mask = jnp.zeros((T, config.n_group), bool).at[jnp.arange(T)[:, None], keep].set(True)
+    expert_mask = jnp.repeat(group_mask, per_group, axis=1)
+    return jnp.where(expert_mask, selection, -jnp.inf)
+
+
+def _apply_capacity(ids: jax.Array, config: MoEConfig) -> jax.Array:
+    """Replaces assignments past each expert's capacity by DROPPED, earliest tokens first."""
+    T, k = ids.shape
+    capacity = config.capacity(T)
+    flat = ids.reshape(-1)  # token-major, so sorted order within an expert is token order
+    order = jnp.argsort(flat, stable=True)
+    counts = jnp.bincount(flat, length=config.num_experts)
+    starts = jnp.cumsum(counts) - counts
+    rank_sorted = jnp.arange(T * k) - starts[flat[order]]
+    rank = jnp.zeros((T * k,), rank_sorted.dtype).at[order].set(rank_sorted)
+    return jnp.where(rank < capacity, flat, DROPPED).reshape(T, k).astype(jnp.int32)
+
+
+def route(x2d: jax.Array, router: jax.Array, router_bias: jax.Array | None,
+          config: MoEConfig) -> tuple[Routing, jax.Array]:
+    """Routes tokens ``x2d [T, H]`` with ``router [H, E]`` per the semantics of MoEConfig.
+
+    Returns the Routing (capacity applied) and the routed ids before capacity drops [T, k],
+    which the load-balancing loss counts.
+    """
+    logits = jnp.dot(x2d.astype(jnp.float32), router.astype(jnp.float32),
+                     precision=jax.lax.Precision.HIGHEST)
+    if config.routing == "softmax":
+        scores = jax.nn.softmax(logits, axis=-1)
+        selection = scores
+    else:
+        scores = jax.nn.sigmoid(logits)
+        selection = scores
+        if router_bias is not None:
+            selection = scores + jax.lax.stop_gradient(router_bias.astype(jnp.float32))
+    selection = jax.lax.stop_gradient(selection)
+    if config.n_group is not None:
+        selection = _group_limited(selection, config)
+    _, ids = jax.lax.top_k(selection, config.top_k)  # ties go to the lower index
+    ids = ids.astype(jnp.int32)
+    weights = jnp.take_along_axis(scores, ids, axis=-1)
+    if config.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdims=True)
+    weights = weights * config.routed_scaling_factor
+
+    if config.capacity_factor is not None:
+        kept_ids = _apply_capacity(ids, config)
+    else:
+        kept_ids = ids
+    valid = kept_ids >= 0
+    expert_counts = jnp.zeros((config.num_experts,), jnp.int32).at[
+        jnp.where(valid, kept_ids, 0).reshape(-1)
+    ].add(valid.reshape(-1).astype(jnp.int32))
+    dropped = (~valid).sum().astype(jnp.int32)
+    routing = Routing(kept_ids, weights, logits, scores, expert_counts, dropped)
+    return routing, ids
+
+
+def aux_losses(routing: Routing, routed_ids: jax.Array, config: MoEConfig) -> dict:
+    """``load_balancing_loss = E * sum_e f_e * P_e`` and ``router_z_loss``.
+
+    ``f_e`` is the share of the T*k routing decisions (before capacity drops) that chose e;
+    ``P_e`` the mean score of e over tokens. ``router_z_loss = mean(logsumexp(logits)^2)``.
+    """
+    T, k = routed_ids.shape
+    E = config.num_experts
+    f = jnp.zeros((E,), jnp.float32).at[routed_ids.reshape(-1)].add(1.0) / (T * k)
+    P = routing.scores.mean(0)
+    lbl = E * jnp.sum(jax.lax.stop_gradient(f) * P)
+    z = jnp.mean(jax.nn.logsumexp(routing.logits, axis=-1) ** 2)
+    return {
+        "load_balancing_loss": lbl,
+        "router_z_loss": z,
+        "expert_counts": routing.expert_counts,
+        "dropped_tokens": routing.dropped,
+    }
