@@ -1,0 +1,52 @@
+// Phase "combine": per-token sums over the k assignments in the order j = 0..k-1, in float32,
+// cast once — bitwise deterministic by construction (no atomics).
+#pragma once
+
+#include "cuda/common.cuh"
+
+namespace mok::cuda {
+
+// out[t, :] = Σ_j parts[assign_pos[t, j], :]   parts: [P, H] f32, out: [T, H] T
+template <class T>
+__global__ void combine_rows_kernel(const float* __restrict__ parts,
+                                    const int* __restrict__ assign_pos, T* __restrict__ out,
+                                    int tokens, int top_k, int hidden) {
+  const int quads = hidden / 4;
+  for (int token = blockIdx.x; token < tokens; token += gridDim.x) {
+    for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < top_k; ++j) {
+        const int pos = assign_pos[token * top_k + j];
+        if (pos < 0) continue;
+        const float4 v = reinterpret_cast<const float4*>(parts + (int64_t)pos * hidden)[q];
+        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+      }
+      T* dst = out + (int64_t)token * hidden + 4 * q;
+      store2(dst, sum.x, sum.y);
+      store2(dst + 2, sum.z, sum.w);
+    }
+  }
+}
+
+// d_w[t, j] = Σ_n dw_part[pos, n] over the n-tiles in order; 0 for skipped assignments.
+__global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
+                                 const int* __restrict__ assign_pos, float* __restrict__ d_w,
+                                 int assignments, int n_tiles) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= assignments) return;
+  const int pos = assign_pos[idx];
+  float s = 0.f;
+  if (pos >= 0)
+    for (int n = 0; n < n_tiles; ++n) s += dw_part[(int64_t)pos * n_tiles + n];
+  d_w[idx] = s;
+}
+
+template <class T>
+cudaError_t launch_combine(const float* parts, const int* assign_pos, T* out, int tokens,
+                           int top_k, int hidden, int num_sms, cudaStream_t stream) {
+  const int blocks = tokens < num_sms * 8 ? tokens : num_sms * 8;
+  combine_rows_kernel<T><<<blocks, 256, 0, stream>>>(parts, assign_pos, out, tokens, top_k, hidden);
+  return cudaGetLastError();
+}
+
+}  // namespace mok::cuda

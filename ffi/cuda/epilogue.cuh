@@ -1,0 +1,98 @@
+// Epilogues, shared by the SIMT and wgmma mainloops. A consumer thread holds BN/2 f32 values of
+// a 64 × BN warpgroup tile in the wgmma accumulator layout (common.cuh: frag_row / frag_col);
+// pairs (i, i+1) are adjacent columns of one row, so every store writes two elements.
+#pragma once
+
+#include "cuda/problem.cuh"
+
+namespace mok::cuda {
+
+template <class T, Epi kEpi, int BN, class Acc>
+__device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                             int wg, int t) {
+  constexpr int kValues = BN / 2;
+  const int row_base = 64 * wg;
+
+  if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kStoreGLU) {
+    // Gate value i pairs with up value i + BN/4 (column + BN/2), held by the same thread.
+    constexpr int kUp = BN / 4;
+    const int F = p.N;
+#pragma unroll
+    for (int i = 0; i < kUp; i += 2) {
+      const int r = row_base + frag_row(i, t);
+      const int f = w.n_tile * (BN / 2) + frag_col(i, t);
+      if (r >= w.rows || f >= F) continue;
+      const int64_t pos = w.row0 + r;
+      const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
+      if constexpr (kEpi == Epi::kSwiGLU) {
+        store2(static_cast<T*>(p.out) + pos * p.ldo + f, g0 * sigmoidf(g0) * u0,
+               g1 * sigmoidf(g1) * u1);
+      } else {
+        float* h = static_cast<float*>(p.out) + pos * p.ldo;
+        store2(h + f, g0, g1);
+        store2(h + F + f, u0, u1);
+      }
+    }
+  } else if constexpr (kEpi == Epi::kSwiGLUBwd) {
+    // acc = g = dy_t @ Wd^T for columns f of F. With h = [h_gate | h_up] recomputed:
+    //   a = silu(hg) hu,  d_w += <g, a>,  d_a = w g,  dh_gate = d_a hu silu'(hg),  dh_up = d_a silu(hg)
+    const int F = p.N;
+    float dw_rows[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kValues; i += 2) {
+      const int r = row_base + frag_row(i, t);
+      const int f = w.n_tile * BN + frag_col(i, t);
+      if (r >= w.rows || f >= F) continue;
+      const int64_t pos = w.row0 + r;
+      const float wt = p.topk_weights[p.sorted_slot[pos]];
+      const float2 hg = *reinterpret_cast<const float2*>(p.h + pos * 2 * F + f);
+      const float2 hu = *reinterpret_cast<const float2*>(p.h + pos * 2 * F + F + f);
+      float dg[2], du[2], aw[2];
+      const float gv[2] = {acc(i), acc(i + 1)};
+      const float hgv[2] = {hg.x, hg.y}, huv[2] = {hu.x, hu.y};
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const float s = sigmoidf(hgv[q]);
+        const float silu = hgv[q] * s;
+        const float a = silu * huv[q];
+        dw_rows[(i >> 1) & 1] += gv[q] * a;
+        const float da = wt * gv[q];
+        dg[q] = da * huv[q] * s * (1.f + hgv[q] * (1.f - s));
+        du[q] = da * silu;
+        aw[q] = wt * a;
+      }
+      T* dh = static_cast<T*>(p.out) + pos * 2 * F;
+      store2(dh + f, dg[0], dg[1]);
+      store2(dh + F + f, du[0], du[1]);
+      store2(static_cast<T*>(p.out2) + pos * F + f, aw[0], aw[1]);
+    }
+    // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      float s = dw_rows[rh];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      const int r = row_base + frag_row(2 * rh, t);
+      if ((t & 3) == 0 && r < w.rows) p.dw_part[(int64_t)(w.row0 + r) * p.n_tiles + w.n_tile] = s;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kValues; i += 2) {
+      const int r = row_base + frag_row(i, t);
+      const int n = w.n_tile * BN + frag_col(i, t);
+      if (r >= w.rows || n >= p.N) continue;
+      const int64_t row = w.row0 + r;
+      if constexpr (kEpi == Epi::kWeighted) {
+        const float wt = p.topk_weights[p.sorted_slot[row]];
+        store2(static_cast<float*>(p.out) + row * p.ldo + n, wt * acc(i), wt * acc(i + 1));
+      } else if constexpr (kEpi == Epi::kStoreF32) {
+        store2(static_cast<float*>(p.out) + row * p.ldo + n, acc(i), acc(i + 1));
+      } else {  // kStoreCast: dW_e[m, n], M × N per expert
+        T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(w.expert) * p.M + row) * p.ldo;
+        store2(out + n, acc(i), acc(i + 1));
+      }
+    }
+  }
+}
+
+}  // namespace mok::cuda

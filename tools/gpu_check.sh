@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Build jax_mok on a bare GPU machine (no network), run the GPU tests, time the CUDA kernels,
+# run the benchmark harness when it exists, and print a short table last.
+#   OUT=/some/dir tools/gpu_check.sh [quick]     (outputs land in $OUT; default ./gpu-out)
+# Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+MODE=${1:-full}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export PATH=/usr/local/cuda/bin:$PATH
+
+step() { echo "=== $(date +%T) $*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/machine.txt"
+
+step "carried wheels"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -c "import cutlass_library, os; print('cutlass headers:', os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" \
+  || echo "WARNING: nvidia-cutlass not importable: the wgmma path will not be built"
+
+step "build (pip install --no-build-isolation --no-deps -e .)"
+t0=$(date +%s)
+JAX_MOK_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
+  -v -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+echo "built in $(( $(date +%s) - t0 )) s"
+grep -E "CUDA backend|cutlass headers not found|Found CUDAToolkit" "$OUT/build.log" | head -5
+python3 -c "import jax_mok._mok_cuda as m; print('device_info:', m.device_info())" || exit 1
+SO=$(find build -name '_mok_cuda*.so' | head -1)
+if command -v cuobjdump >/dev/null && [ -n "$SO" ]; then
+  cuobjdump -sass "$SO" > "$OUT/sass.txt" 2>/dev/null
+  echo "SASS: $(grep -c HGMMA "$OUT/sass.txt") HGMMA, $(grep -c 'LDL\|STL' "$OUT/sass.txt") local-memory ops"
+  gzip -f "$OUT/sass.txt"
+fi
+
+step "GPU tests"
+JAX_MOK_REQUIRE_CUDA=1 timeout 360 python3 -m pytest -m gpu -q -p no:cacheprovider \
+  tests/test_cuda_kernels.py 2>&1 | tee "$OUT/tests.log" | tail -25
+TEST_RC=${PIPESTATUS[0]}
+
+step "kernel timings"
+timeout 300 python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/timings.txt"
+import sys, time, json, numpy as np, jax, jax.numpy as jnp
+from jax_mok import autodiff
+mode = sys.argv[1]
+SHAPES = {"S1": (32768, 2048, 768, 128, 8), "S2": (8192, 7168, 2048, 256, 8),
+          "S3": (16384, 4096, 14336, 8, 2), "S4": (7168, 7168, 3072, 384, 6),
+          "S5": (128, 7168, 2048, 256, 8), "S6": (8192, 2048, 2048, 32, 2)}
+if mode == "quick":
+    SHAPES = {k: SHAPES[k] for k in ("S1", "S3", "S6")}
+
+def bench(f, *a, n=20):
+    for _ in range(3): jax.block_until_ready(f(*a))
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter(); jax.block_until_ready(f(*a)); ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+k1, k2 = jax.random.split(jax.random.key(0))
+A = jax.random.normal(k1, (8192, 8192), jnp.bfloat16); B = jax.random.normal(k2, (8192, 8192), jnp.bfloat16)
+mm = jax.jit(lambda a, b: a @ b)
+ceil = 2 * 8192**3 / bench(mm, A, B) / 1e12
+print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
+rows = []
+for name, (T, H, F, E, k) in SHAPES.items():
+    ks = jax.random.split(jax.random.key(1), 6)
+    x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
+    wgu = (jax.random.normal(ks[1], (E, H, 2 * F), jnp.float32) / H**0.5).astype(jnp.bfloat16)
+    wd = (jax.random.normal(ks[2], (E, F, H), jnp.float32) / F**0.5).astype(jnp.bfloat16)
+    logits = jax.random.normal(ks[3], (T, E))
+    w, ids = jax.lax.top_k(jax.nn.softmax(logits), k)
+    dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
+    fwd = jax.jit(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"))
+    def fb(x, w, a, b):
+        y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"), x, w, a, b)
+        return vjp(dy)
+    fb = jax.jit(fb)
+    flops = 6 * T * k * H * F
+    tf = bench(fwd, x, w, wgu, wd)
+    tb = bench(fb, x, w, wgu, wd, n=10)
+    rows.append((name, tf * 1e3, flops / tf / 1e12, tb * 1e3, 3 * flops / tb / 1e12))
+    print(f"{name}: fwd {tf*1e3:.3f} ms {flops/tf/1e12:.0f} TFLOP/s | fwd+bwd {tb*1e3:.3f} ms {3*flops/tb/1e12:.0f} TFLOP/s", flush=True)
+    del x, wgu, wd, dy
+print("\n| shape | fwd ms | fwd TFLOP/s | % ceil | fwd+bwd ms | fwd+bwd TFLOP/s | % ceil |")
+print("|---|---|---|---|---|---|---|")
+for n, a, b, c, d in rows:
+    print(f"| {n} | {a:.3f} | {b:.0f} | {100*b/ceil:.0f} | {c:.3f} | {d:.0f} | {100*d/ceil:.0f} |")
+PY
+
+if [ -f benchmarks/run.py ] && [ "$MODE" = full ]; then
+  step "benchmark harness"
+  timeout 900 python3 -m benchmarks.run --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -40
+fi
+
+step "summary"
+grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+sed -n '/^| shape/,$p' "$OUT/timings.txt"
+exit $TEST_RC
