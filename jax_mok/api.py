@@ -77,7 +77,8 @@ def _swiglu_mlp(x2d, gate_up, down):
 
 
 def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
-        implementation: str | None = None):
+        implementation: str | None = None, mesh=None, expert_axis: str = "expert",
+        token_axes=None, transport: str | None = None):
     """Mixture-of-Experts layer.
 
     Args:
@@ -88,6 +89,10 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         ``dropped_tokens`` (int32 count of dropped assignments).
       implementation: ``None`` (kernels if built for the default backend, else reference),
         ``"reference"``, ``"ffi"``, ``"cpu"`` or ``"cuda"``.
+      mesh, expert_axis, token_axes, transport: expert parallelism (see :mod:`jax_mok.sharding`):
+        with a mesh (this argument, ``jax_mok.sharding.expert_parallel``, or an ambient
+        ``jax.set_mesh`` mesh having ``expert_axis``) the call runs under ``shard_map`` with the
+        experts sharded over ``expert_axis`` and the tokens over ``token_axes``.
 
     Returns:
       ``y`` with the shape and dtype of ``x`` (and ``aux`` when ``return_aux``). Expert weights are
@@ -101,6 +106,13 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
             f"implementation must be None or one of {autodiff.IMPLEMENTATIONS}, "
             f"got {implementation!r}"
         )
+    from jax_mok import sharding  # imported here: sharding uses this module's helpers
+
+    plan = sharding.plan_for(params, mesh=mesh, expert_axis=expert_axis, token_axes=token_axes,
+                             transport=transport)
+    if plan is not None:
+        return sharding.moe_expert_parallel(x, params, plan, return_aux=return_aux,
+                                            implementation=implementation)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, config.hidden_size)
     routing, routed_ids = route(x2d, params.router, params.router_bias, config)

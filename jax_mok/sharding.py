@@ -1,0 +1,494 @@
+"""Expert parallelism (EP) for :func:`jax_mok.moe`: ``shard_map`` around the same kernels.
+
+When a mesh with an expert axis is in play, ``jax_mok.moe`` partitions itself::
+
+    per device (tokens x_loc [T_loc, H], experts E_loc = E / EP of them):
+      route x_loc (replicated router)          -> ids [T_loc, k], weights [T_loc, k]
+      capacity (optional, global semantics)    -> ids past an expert's capacity become -1
+      pack: each token once per destination device, with its slots for that device
+            (ids rebased to the destination's local experts, other slots -1, weight 0)
+                                               -> send [EP, R, H], [EP, R, k], [EP, R, k]
+      all_to_all over the expert axis          -> recv [EP, R, ...] (chunk s came from device s)
+      local experts: routed_experts(FFI)       -> out [EP * R, H]; padding rows (all ids -1) skipped
+      all_to_all back, combine per token in a fixed order (destination 0..EP-1, float32)
+
+``R`` is static: ``T_loc`` when dropless (a token goes at most once to each device, so this can
+never overflow), ``min(T_loc, E_loc * C)`` with a capacity ``C`` per expert (no device can be
+sent more than ``C`` assignments per local expert once capacity is applied). The capacity keeps the
+single-device meaning (``C = ceil(capacity_factor * T * k / E)`` over the global ``T``, earliest
+tokens first): devices exchange their per-expert counts (``E`` integers) to rank their assignments
+globally, so EP and single-device calls drop the same assignments. The result, the aux values and
+the gradients equal the single-device call's up to float summation order.
+
+The ``transport`` switch names how tokens travel: ``"xla"`` (``lax.all_to_all``, any backend)
+today; ``"peer"`` (one persistent kernel writing into peers' memory over NVLink) later.
+
+Three ways to turn EP on, first match wins:
+
+1. ``jax_mok.moe(x, params, mesh=mesh)`` (``expert_axis``, ``token_axes``, ``transport`` too);
+2. ``with jax_mok.sharding.expert_parallel(mesh): ...`` around code that calls ``moe`` (e.g. Flax
+   modules);
+3. the ambient mesh of ``jax.set_mesh`` / ``jax.sharding.use_mesh`` when it has the expert axis, or
+   the mesh of concretely ``NamedSharding``-placed expert weights sharded over the expert axis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+from jax_mok.config import MoEConfig
+from jax_mok.params import MoEParams
+from jax_mok.routing import DROPPED, Routing, route
+
+TRANSPORTS = ("xla", "peer")
+
+if hasattr(jax, "shard_map"):  # jax >= 0.7: jax.shard_map(check_vma=...)
+    def _shard_map(f, mesh, in_specs, out_specs):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                             check_vma=False)
+else:  # older jax: jax.experimental.shard_map.shard_map(check_rep=...)
+    from jax.experimental.shard_map import shard_map as _experimental_shard_map
+
+    def _shard_map(f, mesh, in_specs, out_specs):
+        return _experimental_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                       check_rep=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertParallel:
+    """How one ``moe`` call is spread over a mesh.
+
+    Attributes:
+      mesh: a ``Mesh`` or ``AbstractMesh`` containing ``expert_axis``.
+      expert_axis: the mesh axis the expert weights' leading ``E`` dim is sharded over.
+      token_axes: mesh axes the flattened tokens ``[T, H]`` are sharded over, major to minor. Must
+        contain ``expert_axis``. ``None``: every mesh axis, in mesh order (e.g. ``("data",
+        "expert")``), which is what a batch sharded ``P(("data", "expert"))`` already has.
+      transport: ``"xla"`` (``lax.all_to_all``); ``"peer"`` is reserved for the NVLink kernel.
+    """
+
+    mesh: Mesh | AbstractMesh
+    expert_axis: str = "expert"
+    token_axes: tuple[str, ...] | None = None
+    transport: str = "xla"
+
+    def __post_init__(self):
+        if not isinstance(self.mesh, Mesh | AbstractMesh):
+            raise TypeError(
+                f"mesh must be a jax.sharding.Mesh or AbstractMesh, got {type(self.mesh).__name__}"
+            )
+        names = tuple(self.mesh.axis_names)
+        if self.expert_axis not in names:
+            raise ValueError(
+                f"expert_axis={self.expert_axis!r} is not an axis of the mesh; its axes are {names}"
+            )
+        if self.token_axes is not None:
+            token_axes = (
+                (self.token_axes,) if isinstance(self.token_axes, str) else tuple(self.token_axes)
+            )
+            object.__setattr__(self, "token_axes", token_axes)
+            missing = [a for a in token_axes if a not in names]
+            if missing:
+                raise ValueError(
+                    f"token_axes={token_axes} names axes not in the mesh: {missing}; "
+                    f"mesh axes are {names}"
+                )
+            if self.expert_axis not in token_axes:
+                raise ValueError(
+                    f"token_axes={token_axes} must contain expert_axis={self.expert_axis!r}: "
+                    "every device of the expert group routes its own tokens"
+                )
+            if len(set(token_axes)) != len(token_axes):
+                raise ValueError(f"token_axes={token_axes} repeats an axis")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+
+    @property
+    def ep_size(self) -> int:
+        """Devices in one expert-parallel group (the size of ``expert_axis``)."""
+        return int(self.mesh.shape[self.expert_axis])
+
+    @property
+    def resolved_token_axes(self) -> tuple[str, ...]:
+        if self.token_axes is None:
+            return tuple(self.mesh.axis_names)
+        return self.token_axes
+
+    @property
+    def token_shards(self) -> int:
+        """How many blocks the tokens are split into (product of the token axes' sizes)."""
+        return math.prod(int(self.mesh.shape[a]) for a in self.resolved_token_axes)
+
+
+_CONTEXT: contextvars.ContextVar[ExpertParallel | None] = contextvars.ContextVar(
+    "jax_mok_expert_parallel", default=None
+)
+
+
+@contextlib.contextmanager
+def expert_parallel(mesh: Mesh | AbstractMesh | None = None, *, expert_axis: str = "expert",
+                    token_axes: Sequence[str] | None = None,
+                    transport: str = "xla") -> Iterator[ExpertParallel]:
+    """Context in which every :func:`jax_mok.moe` call (also from Flax modules) runs EP.
+
+    ``mesh=None`` takes the ambient mesh (``jax.set_mesh`` / ``use_mesh``) at entry. The context
+    is read at trace time, so put it around the ``jax.jit``-ted call (or inside the function).
+
+    Example::
+
+        mesh = jax.make_mesh((2, 4), ("data", "expert"))
+        with jax_mok.sharding.expert_parallel(mesh):
+            y = jax.jit(model)(x)
+    """
+    if mesh is None:
+        mesh = _ambient_mesh()
+        if mesh is None:
+            raise ValueError(
+                "expert_parallel(mesh=None) needs an ambient mesh (jax.set_mesh / use_mesh); "
+                "none is set"
+            )
+    plan = ExpertParallel(mesh, expert_axis,
+                          None if token_axes is None else tuple(token_axes), transport)
+    token = _CONTEXT.set(plan)
+    try:
+        yield plan
+    finally:
+        _CONTEXT.reset(token)
+
+
+def _ambient_mesh() -> Mesh | AbstractMesh | None:
+    """The mesh set by ``jax.set_mesh`` / ``use_mesh``, or None."""
+    get_abstract = getattr(jax.sharding, "get_abstract_mesh", None)
+    if get_abstract is not None:
+        mesh = get_abstract()
+        if mesh is not None and not getattr(mesh, "empty", False) and mesh.axis_names:
+            return mesh
+    return None
+
+
+def _weight_spec(w) -> tuple[PartitionSpec, Mesh | AbstractMesh] | None:
+    """(spec, mesh) of a weight whose sharding is known at trace time, else None."""
+    if isinstance(w, jax.core.Tracer):
+        typeof = getattr(jax, "typeof", None)
+        if typeof is None:
+            return None
+        sharding = getattr(typeof(w), "sharding", None)
+        # Under auto (non-explicit) axes the traced spec says nothing; only trust explicit axes.
+        if not isinstance(sharding, NamedSharding) or not _explicit(sharding.mesh):
+            return None
+        return sharding.spec, sharding.mesh
+    sharding = getattr(w, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        return sharding.spec, sharding.mesh
+    return None
+
+
+def _manual(mesh, axis: str) -> bool:
+    """True inside a shard_map over ``axis`` (the caller already partitioned; don't nest)."""
+    types = getattr(mesh, "axis_types", None)
+    if not types:
+        return False
+    return "Manual" in str(dict(zip(mesh.axis_names, types, strict=True))[axis])
+
+
+def _explicit(mesh) -> bool:
+    types = getattr(mesh, "axis_types", None)
+    return bool(types) and any("Explicit" in str(t) for t in types)
+
+
+def _conform(value, spec: PartitionSpec, mesh):
+    """Reshards an input to the spec shard_map expects when the mesh has explicit axes (whose
+    shard_map checks input types instead of resharding). Only tokens move, or replicated experts
+    get sliced: check_expert_weights has already refused layouts that would gather experts."""
+    if value is None or not _explicit(mesh):
+        return value
+    target = NamedSharding(mesh, spec) if isinstance(mesh, Mesh) else spec
+    return jax.sharding.reshard(value, target)
+
+
+def _spec_axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def check_expert_weights(params: MoEParams, plan: ExpertParallel) -> None:
+    """Raises ValueError when a known weight sharding would make the call all-gather experts.
+
+    Usable layouts: the leading ``E`` dim sharded over exactly ``plan.expert_axis`` (other dims
+    not sharded), or fully replicated (each device then slices its experts locally).
+    """
+    for name in ("w_gate_up", "w_down"):
+        known = _weight_spec(getattr(params, name))
+        if known is None:
+            continue
+        spec, _ = known
+        entries = tuple(spec) + (None,) * (3 - len(tuple(spec)))
+        lead, rest = _spec_axes(entries[0]), [a for e in entries[1:] for a in _spec_axes(e)]
+        if rest or lead not in ((), (plan.expert_axis,)):
+            raise ValueError(
+                f"params.{name} is sharded as {spec}, which expert parallelism cannot use "
+                f"without gathering experts: expected PartitionSpec({plan.expert_axis!r}, None, "
+                f"None) (experts over {plan.expert_axis!r}) or replicated"
+            )
+
+
+def plan_for(params: MoEParams, *, mesh=None, expert_axis: str = "expert",
+             token_axes: Sequence[str] | None = None,
+             transport: str | None = None) -> ExpertParallel | None:
+    """The EP plan for one ``moe`` call, or None for the single-device path.
+
+    Order: the explicit ``mesh`` argument; the :func:`expert_parallel` context; the ambient mesh
+    (``jax.set_mesh`` / ``use_mesh``) if it has ``expert_axis``; the mesh of expert weights
+    concretely sharded over ``expert_axis``.
+    """
+    if transport is not None and transport not in TRANSPORTS:
+        raise ValueError(f"transport must be None or one of {TRANSPORTS}, got {transport!r}")
+    token_axes = None if token_axes is None else (
+        (token_axes,) if isinstance(token_axes, str) else tuple(token_axes))
+    if mesh is not None:
+        return ExpertParallel(mesh, expert_axis, token_axes, transport or "xla")
+    plan = _CONTEXT.get()
+    if plan is not None:
+        if transport is not None and transport != plan.transport:
+            plan = dataclasses.replace(plan, transport=transport)
+        return plan
+    ambient = _ambient_mesh()
+    if ambient is not None and expert_axis in ambient.axis_names and not _manual(
+            ambient, expert_axis):
+        return ExpertParallel(ambient, expert_axis, token_axes, transport or "xla")
+    known = _weight_spec(params.w_gate_up)
+    if known is not None:
+        spec, weight_mesh = known
+        sharded = [a for e in tuple(spec) for a in _spec_axes(e)]
+        if expert_axis in sharded:
+            return ExpertParallel(weight_mesh, expert_axis, token_axes, transport or "xla")
+        if sharded:
+            raise ValueError(
+                f"params.w_gate_up is sharded as {spec} over mesh axes {sharded}, but no mesh "
+                f"with expert_axis={expert_axis!r} was given; pass mesh=... and "
+                "expert_axis=<the axis the experts are sharded over>, or replicate the weights"
+            )
+    if transport is not None:
+        raise ValueError(
+            f"transport={transport!r} needs a mesh: pass mesh=..., use "
+            "jax_mok.sharding.expert_parallel(...) or jax.set_mesh(...)"
+        )
+    return None
+
+
+def _buffer_rows(config: MoEConfig, tokens_local: int, tokens_global: int, ep: int) -> int:
+    """Static rows R of each (source, destination) chunk, safe against overflow."""
+    capacity = config.capacity(tokens_global)
+    if capacity is None:
+        return tokens_local
+    return max(1, min(tokens_local, (config.num_experts // ep) * capacity))
+
+
+def _global_capacity(ids: jax.Array, config: MoEConfig, token_axes: tuple[str, ...],
+                     tokens_global: int) -> jax.Array:
+    """Single-device capacity semantics on sharded tokens: -1 past an expert's global capacity.
+
+    Assignments are ranked per expert in global token order: the count of earlier devices
+    (all-gathered, ``E`` ints each) plus the rank among this device's assignments.
+    """
+    T, k = ids.shape
+    E = config.num_experts
+    capacity = config.capacity(tokens_global)
+    flat = ids.reshape(-1)  # token-major: rank within an expert follows token order
+    counts = jnp.bincount(flat, length=E).astype(jnp.int32)
+    all_counts = jax.lax.all_gather(counts, token_axes)  # [D, E]
+    me = jax.lax.axis_index(token_axes)
+    before = jnp.cumsum(all_counts, axis=0) - all_counts  # exclusive prefix over devices
+    offset = before[me]  # [E]
+    order = jnp.argsort(flat, stable=True)
+    starts = jnp.cumsum(counts) - counts
+    rank_sorted = jnp.arange(T * k, dtype=jnp.int32) - starts[flat[order]]
+    rank = jnp.zeros((T * k,), jnp.int32).at[order].set(rank_sorted)
+    keep = offset[flat] + rank < capacity
+    return jnp.where(keep, flat, DROPPED).reshape(T, k).astype(jnp.int32)
+
+
+def _dispatch_indices(ids: jax.Array, ep: int, experts_local: int, rows: int):
+    """Where each token goes: per destination, its buffer row and which slots travel.
+
+    Returns ``dest_of_slot [T, k]`` (destination device, -1 for dropped slots),
+    ``sent [T, EP]`` bool, ``row [T, EP]`` int32 (buffer row, valid where sent),
+    ``source_token [EP, R]`` int32 (token of each buffer row, ``T`` for padding) and
+    ``overflow`` (int32 slots that did not fit; 0 whenever ``rows`` is the safe size).
+    """
+    T, k = ids.shape
+    valid = ids >= 0
+    dest_of_slot = jnp.where(valid, ids // experts_local, -1)  # [T, k]
+    devices = jnp.arange(ep, dtype=jnp.int32)
+    goes = (dest_of_slot[:, :, None] == devices[None, None, :]).any(1)  # [T, EP]
+    row = jnp.cumsum(goes, axis=0, dtype=jnp.int32) - 1  # token order within a destination
+    sent = goes & (row < rows)
+    overflow = jnp.sum(
+        (dest_of_slot[:, :, None] == devices[None, None, :])
+        & (goes & ~sent)[:, None, :]
+    ).astype(jnp.int32)
+    tokens = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[:, None], (T, ep))
+    dests = jnp.broadcast_to(devices[None, :], (T, ep))
+    source_token = jnp.full((ep, rows), T, jnp.int32).at[
+        jnp.where(sent, dests, ep), jnp.where(sent, row, rows)
+    ].set(tokens, mode="drop")
+    return dest_of_slot, sent, row, source_token, overflow
+
+
+def _local_aux(routing: Routing, routed_ids: jax.Array, config: MoEConfig,
+               token_axes: tuple[str, ...], tokens_global: int, dropped: jax.Array) -> dict:
+    """The aux values of :func:`jax_mok.routing.aux_losses`, reduced over all token shards."""
+    E, k = config.num_experts, config.top_k
+    routed_counts = jnp.zeros((E,), jnp.float32).at[routed_ids.reshape(-1)].add(1.0)
+    f = jax.lax.psum(routed_counts, token_axes) / (tokens_global * k)
+    P = jax.lax.psum(routing.scores.sum(0), token_axes) / tokens_global
+    lbl = E * jnp.sum(jax.lax.stop_gradient(f) * P)
+    z = jax.lax.psum(jnp.sum(jax.nn.logsumexp(routing.logits, axis=-1) ** 2),
+                     token_axes) / tokens_global
+    valid = routing.topk_ids >= 0
+    counts = jnp.zeros((E,), jnp.int32).at[
+        jnp.where(valid, routing.topk_ids, 0).reshape(-1)
+    ].add(valid.reshape(-1).astype(jnp.int32))
+    return {
+        "load_balancing_loss": lbl,
+        "router_z_loss": z,
+        "expert_counts": jax.lax.psum(counts, token_axes),
+        "dropped_tokens": jax.lax.psum(dropped, token_axes),
+    }
+
+
+def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *,
+                        return_aux: bool = False, implementation: str = "ffi"):
+    """``jax_mok.moe`` partitioned over ``plan.mesh``; same results as the single-device call.
+
+    ``x [..., H]`` with ``prod(lead dims)`` divisible by ``plan.token_shards``; expert weights
+    ``[E, ...]`` with ``E`` divisible by ``plan.ep_size``. Called by :func:`jax_mok.moe`; call that.
+    """
+    from jax_mok import api  # api imports this module lazily; keep the cycle one-way at import
+
+    config = params.config
+    if plan.transport != "xla":
+        raise NotImplementedError(
+            f"transport={plan.transport!r} is not built yet; use transport='xla'"
+        )
+    ep = plan.ep_size
+    E = config.num_experts
+    if E % ep:
+        raise ValueError(
+            f"num_experts={E} must be divisible by the size of mesh axis "
+            f"{plan.expert_axis!r} ({ep}) for expert parallelism"
+        )
+    check_expert_weights(params, plan)
+    token_axes = plan.resolved_token_axes
+    shards = plan.token_shards
+    lead = x.shape[:-1]
+    H = config.hidden_size
+    x2d = x.reshape(-1, H)
+    tokens_global = x2d.shape[0]
+    if tokens_global % shards:
+        raise ValueError(
+            f"x has {tokens_global} tokens (shape {tuple(x.shape)}), which must be divisible by "
+            f"{shards} = the product of the sizes of token_axes {token_axes}"
+        )
+    tokens_local = tokens_global // shards
+    experts_local = E // ep
+    rows = _buffer_rows(config, tokens_local, tokens_global, ep)
+    route_config = dataclasses.replace(config, capacity_factor=None)
+    axis = plan.expert_axis
+    dtype = x.dtype
+
+    def local(x_loc, router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down):
+        routing, routed_ids = route(x_loc, router, router_bias, route_config)
+        ids = routing.topk_ids
+        if config.capacity_factor is not None:
+            ids = _global_capacity(ids, config, token_axes, tokens_global)
+        dest_of_slot, sent, row, source_token, overflow = _dispatch_indices(
+            ids, ep, experts_local, rows)
+        devices = jnp.arange(ep, dtype=jnp.int32)
+        # Slots of buffer row (d, r): the local id where the slot goes to d, else -1.
+        token_of_row = jnp.minimum(source_token, tokens_local - 1)  # padding reads token T-1
+        padding = source_token >= tokens_local  # [EP, R]
+        slot_dest = dest_of_slot[token_of_row]  # [EP, R, k]
+        mine = (slot_dest == devices[:, None, None]) & ~padding[:, :, None]
+        send_ids = jnp.where(mine, ids[token_of_row] % experts_local, DROPPED)
+        send_w = jnp.where(mine, routing.topk_weights[token_of_row], 0.0)
+        send_x = jnp.where(padding[:, :, None], jnp.zeros((), dtype), x_loc[token_of_row])
+
+        recv_x = jax.lax.all_to_all(send_x, axis, 0, 0, tiled=True)  # [EP, R, H]
+        recv_ids = jax.lax.all_to_all(send_ids, axis, 0, 0, tiled=True)  # [EP, R, k]
+        recv_w = jax.lax.all_to_all(send_w, axis, 0, 0, tiled=True)  # [EP, R, k]
+        from jax_mok import autodiff
+
+        out = autodiff.routed_experts(
+            recv_x.reshape(ep * rows, H),
+            recv_ids.reshape(ep * rows, -1),
+            recv_w.reshape(ep * rows, -1),
+            w_gate_up.astype(dtype),
+            w_down.astype(dtype),
+            implementation=implementation,
+        )  # [EP * R, H]
+        back = jax.lax.all_to_all(out.reshape(ep, rows, H), axis, 0, 0, tiled=True)
+        # Combine in a fixed order (destination 0..EP-1), float32.
+        picked = back[devices[None, :], jnp.clip(row, 0, rows - 1)]  # [T_loc, EP, H]
+        picked = jnp.where(sent[:, :, None], picked.astype(jnp.float32), 0.0)
+        y = picked.sum(1)
+        if config.shared_size:
+            y = y + api._swiglu_mlp(x_loc, shared_gate_up, shared_down)
+        y = y.astype(dtype)
+        if not return_aux:
+            return y, None
+        dropped = jnp.sum(ids < 0).astype(jnp.int32) + overflow
+        kept = Routing(jnp.where(ids >= 0, ids, DROPPED), routing.topk_weights,
+                       routing.logits, routing.scores, routing.expert_counts, dropped)
+        return y, _local_aux(kept, routed_ids, config, token_axes, tokens_global, dropped)
+
+    tokens_spec = PartitionSpec(token_axes, None)
+    experts_spec = PartitionSpec(axis, None, None)
+    replicated = PartitionSpec()
+    aux_spec = None if not return_aux else {
+        "load_balancing_loss": replicated, "router_z_loss": replicated,
+        "expert_counts": replicated, "dropped_tokens": replicated,
+    }
+    fn = _shard_map(
+        local,
+        plan.mesh,
+        in_specs=(tokens_spec, replicated, replicated, experts_spec, experts_spec,
+                  replicated, replicated),
+        out_specs=(tokens_spec, aux_spec),
+    )
+    args = (x2d, params.router, params.router_bias, params.w_gate_up, params.w_down,
+            params.shared_gate_up, params.shared_down)
+    specs = (tokens_spec, replicated, replicated, experts_spec, experts_spec, replicated,
+             replicated)
+    y2d, aux = fn(*(_conform(a, s, plan.mesh) for a, s in zip(args, specs, strict=True)))
+    if _explicit(plan.mesh):
+        # Give y the layout x had, so the reshape below is the inverse of x's (explicit axes
+        # make reshapes of sharded arrays check their sharding).
+        layout = jax.typeof(x2d).sharding
+        if getattr(layout.mesh, "empty", True):  # x was not on the mesh: give y back whole
+            layout = NamedSharding(plan.mesh, PartitionSpec()) if isinstance(
+                plan.mesh, Mesh) else PartitionSpec()
+        y2d = jax.sharding.reshard(y2d, layout)
+    y = y2d.reshape(*lead, H)
+    if return_aux:
+        return y, aux
+    return y
+
+
+__all__ = [
+    "TRANSPORTS",
+    "ExpertParallel",
+    "check_expert_weights",
+    "expert_parallel",
+    "moe_expert_parallel",
+    "plan_for",
+]

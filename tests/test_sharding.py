@@ -1,0 +1,152 @@
+"""Expert parallelism (jax_mok.sharding, transport "xla") on forced CPU devices.
+
+Each case compares ``jax_mok.moe`` on a mesh against the single-device call: values, aux and the
+gradients of x and every weight, within ``jax_mok.testing.tolerance``. tests/conftest.py asks for
+8 CPU devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_mok
+from jax_mok import sharding, testing
+
+
+def _cpu_devices(n: int) -> list:
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        pytest.skip(f"needs {n} CPU devices, have {len(devices)} (see tests/conftest.py)")
+    return devices[:n]
+
+
+def _mesh(data: int, ep: int, axis_type=AxisType.Explicit):
+    return jax.make_mesh((data, ep), ("data", "expert"), axis_types=(axis_type, axis_type),
+                         devices=_cpu_devices(data * ep))
+
+
+def _loss(x, params, **kwargs):
+    y, aux = jax_mok.moe(x, params, return_aux=True, **kwargs)
+    loss = jnp.sum(y.astype(jnp.float32) ** 2) + aux["load_balancing_loss"] + 0.1 * aux[
+        "router_z_loss"]
+    return loss, (y, aux)
+
+
+def _value_and_grad(x, params, **kwargs):
+    fn = jax.value_and_grad(lambda x, p: _loss(x, p, **kwargs), argnums=(0, 1), has_aux=True)
+    return jax.jit(fn)(x, params)
+
+
+def _check_parity(config, data: int, ep: int, dtype=jnp.float32, tokens: int = 64):
+    params = testing.random_params(jax.random.key(0), config, dtype)
+    x = jax.random.normal(jax.random.key(1), (tokens // 8, 8, config.hidden_size)).astype(dtype)
+    (_, (y0, aux0)), g0 = _value_and_grad(x, params)
+    (_, (y1, aux1)), g1 = _value_and_grad(x, params, mesh=_mesh(data, ep))
+    tol = testing.tolerance(dtype)
+    assert y1.shape == y0.shape and y1.dtype == y0.dtype
+    assert testing.rel_error(y1, y0) < tol
+    np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
+    assert int(aux1["dropped_tokens"]) == int(aux0["dropped_tokens"])
+    for name in ("load_balancing_loss", "router_z_loss"):
+        np.testing.assert_allclose(aux1[name], aux0[name], rtol=1e-5)
+    leaves0 = jax.tree_util.tree_leaves_with_path(g0)
+    leaves1 = jax.tree.leaves(g1)
+    for (path, want), got in zip(leaves0, leaves1, strict=True):
+        err = testing.rel_error(got, want)
+        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err} >= {tol}"
+    return aux0
+
+
+@pytest.mark.parametrize("data,ep", [(1, 2), (2, 2), (2, 4), (1, 8)])
+def test_parity_dropless(data, ep):
+    config = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=32, ffn_size=16,
+                               num_shared_experts=1)
+    _check_parity(config, data, ep)
+
+
+def test_parity_capacity_drops_match():
+    """Global capacity semantics: EP drops exactly the assignments the single call drops."""
+    config = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=32, ffn_size=16,
+                               capacity_factor=0.75)
+    aux = _check_parity(config, 2, 4)
+    assert int(aux["dropped_tokens"]) > 0
+
+
+def test_parity_sigmoid_grouped_bf16_ep1():
+    config = jax_mok.MoEConfig(num_experts=8, top_k=3, hidden_size=32, ffn_size=16,
+                               routing="sigmoid", n_group=4, topk_group=2)
+    _check_parity(config, 1, 1, jnp.bfloat16)
+
+
+def _place(params, mesh):
+    experts = NamedSharding(mesh, P("expert"))
+    return dataclasses.replace(params, w_gate_up=jax.device_put(params.w_gate_up, experts),
+                               w_down=jax.device_put(params.w_down, experts))
+
+
+def test_ambient_mesh_no_expert_all_gather():
+    """Under jax.set_mesh with NamedSharding-placed inputs the call is EP without being told,
+    and the compiled program moves tokens (all-to-all) but never gathers the experts."""
+    config = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=32, ffn_size=16)
+    params = testing.random_params(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (64, 32))
+    want = jax.jit(jax_mok.moe)(x, params)
+    for axis_type in (AxisType.Auto, AxisType.Explicit):
+        mesh = _mesh(2, 4, axis_type)
+        placed = _place(params, mesh)
+        xs = jax.device_put(x, NamedSharding(mesh, P(("data", "expert"))))
+        with jax.set_mesh(mesh):
+            fn = jax.jit(jax_mok.moe)
+            assert testing.rel_error(fn(xs, placed), want) < 1e-4
+            hlo = fn.lower(xs, placed).compile().as_text()
+        assert "all-to-all" in hlo
+        assert "all-gather" not in hlo, f"{axis_type}: the experts were gathered"
+        # Outside jit, concretely placed weights alone select EP.
+        plan = sharding.plan_for(placed)
+        assert plan is not None and plan.ep_size == 4 and plan.mesh == mesh
+
+
+def test_context_manager_and_token_axes():
+    config = jax_mok.MoEConfig(num_experts=4, top_k=1, hidden_size=16, ffn_size=8)
+    params = testing.random_params(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (2, 16, 16))
+    want = jax.jit(jax_mok.moe)(x, params)
+    mesh = _mesh(2, 4)
+    with sharding.expert_parallel(mesh, token_axes=("expert",)) as plan:
+        assert plan.ep_size == 4 and plan.token_shards == 4
+        got = jax.jit(jax_mok.moe)(x, params)
+    assert testing.rel_error(got, want) < 1e-4
+
+
+def test_errors_name_the_problem():
+    config = jax_mok.MoEConfig(num_experts=6, top_k=2, hidden_size=16, ffn_size=8)
+    params = testing.random_params(jax.random.key(0), config)
+    x = jnp.ones((16, 16))
+    mesh = _mesh(2, 4)
+    with pytest.raises(ValueError, match=r"num_experts=6 must be divisible .* 'expert' \(4\)"):
+        jax_mok.moe(x, params, mesh=mesh)
+    with pytest.raises(ValueError, match=r"expert_axis='ep' is not an axis of the mesh"):
+        jax_mok.moe(x, params, mesh=mesh, expert_axis="ep")
+    with pytest.raises(ValueError, match=r"transport must be"):
+        jax_mok.moe(x, params, mesh=mesh, transport="nccl")
+    with pytest.raises(ValueError, match=r"transport='xla' needs a mesh"):
+        jax_mok.moe(x, params, transport="xla")
+    with pytest.raises(ValueError, match=r"must contain expert_axis"):
+        jax_mok.moe(x, params, mesh=mesh, token_axes=("data",))
+    config8 = dataclasses.replace(config, num_experts=8)
+    params8 = testing.random_params(jax.random.key(0), config8)
+    with pytest.raises(ValueError, match=r"12 tokens .* divisible by 8"):
+        jax_mok.moe(jnp.ones((12, 16)), params8, mesh=mesh)
+    bad = dataclasses.replace(params8, w_down=jax.device_put(
+        params8.w_down, NamedSharding(mesh, P(None, "expert"))))
+    with pytest.raises(ValueError, match=r"params.w_down is sharded as .* cannot use"):
+        jax_mok.moe(x, bad, mesh=mesh)
+    with pytest.raises(NotImplementedError, match=r"transport='peer'"):
+        jax_mok.moe(x, params8, mesh=mesh, transport="peer")
