@@ -1,0 +1,291 @@
+"""Benchmark problems: shapes, random inputs rotated over several sets, and the reference check.
+
+Inputs live on the default JAX device. Every implementation (JAX or torch) reads the same arrays
+(torch through DLPack, without a copy), so a shape's expert weights exist once in device memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mok import reference, testing
+
+L2_BYTES = 60 * 2**20  # H200; token-side inputs are always rotated, weights when they are small
+ROTATE_WEIGHTS_BELOW_BYTES = 4 * L2_BYTES
+HOT_FRACTION = 0.1  # testing.random_routing biases the first 10 % of experts
+TARGET_HOT_SHARE = 0.5  # skewed routing: ~50 % of assignments go to the hot 10 % of experts
+MEMORY_BOUND_SHAPES = ("S5",)  # reported in ms and as bytes of touched expert weights / time
+
+
+def scaled_shape(name: str, scale_tokens: float = 1.0, scale_model: float = 1.0) -> testing.Shape:
+    """The named shape of ``testing.SHAPES`` with tokens (and optionally H, F) scaled.
+
+    H and F are rounded to multiples of 8 (the kernels' alignment), tokens to at least 1.
+    """
+    if name not in testing.SHAPES:
+        raise ValueError(f"unknown shape {name!r}; expected one of {sorted(testing.SHAPES)}")
+    base = testing.SHAPES[name]
+    if scale_tokens == 1.0 and scale_model == 1.0:
+        return base
+
+    def mult8(v: int) -> int:
+        return max(8, int(round(v * scale_model / 8)) * 8)
+
+    return dataclasses.replace(
+        base,
+        tokens=max(1, int(round(base.tokens * scale_tokens))),
+        hidden=mult8(base.hidden),
+        ffn=mult8(base.ffn),
+    )
+
+
+def hot_share(ids: np.ndarray, experts: int) -> float:
+    """Share of the assignments in ``ids [T, k]`` that went to the hot experts."""
+    hot = max(1, int(experts * HOT_FRACTION))
+    return float(np.mean(np.asarray(ids) < hot))
+
+
+def skew_target(experts: int, top_k: int) -> float:
+    """The hot share skewed routing aims for: 50 %, or 80 % of the reachable share.
+
+    A token sends at most ``min(hot, k)`` of its k assignments to the hot experts, so when
+    ``min(hot, k) / k <= 50 %`` (S3: 1 hot expert of 8, k = 2) 50 % would need every token on
+    the hot experts; we then aim at 80 % of that maximum.
+    """
+    hot = max(1, int(experts * HOT_FRACTION))
+    reachable = min(hot, top_k) / top_k
+    return min(TARGET_HOT_SHARE, 0.8 * reachable)
+
+
+@functools.cache
+def calibrate_skew(experts: int, top_k: int, sample_tokens: int = 2048) -> float:
+    """The ``skew`` of ``testing.random_routing`` that gives ``skew_target`` (bisection)."""
+    target = skew_target(experts, top_k)
+    key = jax.random.key(1234)
+    lo, hi = 0.0, 30.0
+    for _ in range(22):
+        mid = 0.5 * (lo + hi)
+        ids, _ = testing.random_routing(key, sample_tokens, experts, top_k, mid)
+        if hot_share(np.asarray(ids), experts) < target:
+            lo = mid
+        else:
+            hi = mid
+    return round(0.5 * (lo + hi), 3)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _normal_experts(key, shape: tuple, dtype, scale: float):
+    """``[E, ...]`` normal * scale in ``dtype``, generated one expert at a time.
+
+    Generating per expert keeps the float32 temporaries at one expert (S4's w_gate_up is 34 GB
+    in bf16; a float32 temporary of the whole tensor would not fit next to it).
+    """
+    keys = jax.random.split(key, shape[0])
+    return jax.lax.map(
+        lambda k: (jax.random.normal(k, shape[1:], jnp.float32) * scale).astype(dtype), keys
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _normal(key, shape: tuple, dtype):
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+@dataclasses.dataclass
+class InputSet:
+    """One set of operands. ``x [T, H]``, ``ids [T, k] int32``, ``weights [T, k] f32``,
+    ``w_gate_up [E, H, 2F]``, ``w_down [E, F, H]``, ``dy [T, H]`` (the random cotangent)."""
+
+    x: jax.Array
+    ids: jax.Array
+    weights: jax.Array
+    w_gate_up: jax.Array
+    w_down: jax.Array
+    dy: jax.Array
+
+    def args(self) -> tuple:
+        return (self.x, self.ids, self.weights, self.w_gate_up, self.w_down)
+
+
+@dataclasses.dataclass
+class Problem:
+    """A shape with one routing, as ``num_sets`` rotated input sets (+ host-side statistics)."""
+
+    shape: testing.Shape
+    routing: str
+    skew: float
+    dtype: jnp.dtype
+    sets: list[InputSet]
+    counts: list[np.ndarray]  # per set: [E] assignments per expert
+    weights_rotated: bool
+
+    @property
+    def max_count(self) -> int:
+        return int(max(c.max() for c in self.counts))
+
+    def routing_stats(self) -> dict:
+        counts = np.stack(self.counts)
+        hot = max(1, int(self.shape.experts * HOT_FRACTION))
+        return {
+            "skew": self.skew,
+            "hot_share": float(counts[:, :hot].sum() / counts.sum()),
+            "max_count": int(counts.max()),
+            "min_count": int(counts.min()),
+            "mean_count": float(counts.mean()),
+            "experts_touched": float(np.mean((counts > 0).sum(1))),
+        }
+
+    def touched_weight_bytes(self) -> float:
+        """Bytes of expert weights the layer must read: experts with >= 1 token, mean over sets."""
+        s = self.shape
+        per_expert = (s.hidden * 2 * s.ffn + s.ffn * s.hidden) * jnp.dtype(self.dtype).itemsize
+        return float(np.mean([(c > 0).sum() for c in self.counts])) * per_expert
+
+
+def make_problem(shape: testing.Shape, routing: str, *, dtype=jnp.bfloat16, num_sets: int = 3,
+                 seed: int = 0, weights: tuple | None = None) -> Problem:
+    """Random inputs for ``shape``: ``num_sets`` token-side sets; weights shared unless small.
+
+    ``weights``: reuse ``(w_gate_up, w_down)`` (a shape's balanced and skewed problems share them).
+    Never zeros: x, weights and the cotangent are normal, the routing is softmax of random logits.
+    """
+    if routing not in ("balanced", "skewed"):
+        raise ValueError(f"routing must be 'balanced' or 'skewed', got {routing!r}")
+    skew = calibrate_skew(shape.experts, shape.top_k) if routing == "skewed" else 0.0
+    T, H, F, E, k = shape.tokens, shape.hidden, shape.ffn, shape.experts, shape.top_k
+    weight_bytes = E * 3 * H * F * jnp.dtype(dtype).itemsize
+    rotate_weights = weight_bytes < ROTATE_WEIGHTS_BELOW_BYTES and weights is None
+    key = jax.random.key(seed)
+    sets, counts = [], []
+    for i in range(num_sets):
+        kx, kr, kdy, kgu, kd = jax.random.split(jax.random.fold_in(key, i), 5)
+        if weights is not None:
+            w_gate_up, w_down = weights
+        elif i == 0 or rotate_weights:
+            w_gate_up = _normal_experts(kgu, (E, H, 2 * F), dtype, 1.0 / math.sqrt(H))
+            w_down = _normal_experts(kd, (E, F, H), dtype, 1.0 / math.sqrt(F))
+        ids, topk_weights = testing.random_routing(kr, T, E, k, skew)
+        sets.append(InputSet(
+            x=_normal(kx, (T, H), dtype), ids=ids, weights=topk_weights,
+            w_gate_up=w_gate_up, w_down=w_down, dy=_normal(kdy, (T, H), dtype),
+        ))
+        counts.append(np.bincount(np.asarray(ids).reshape(-1), minlength=E))
+    return Problem(shape, routing, skew, jnp.dtype(dtype), sets, counts, rotate_weights)
+
+
+# ----------------------------------------------------------------------------------------------
+# The check: a probe of tokens, rows and experts, compared with the float32 reference.
+
+
+@dataclasses.dataclass
+class Probe:
+    """What the check compares, chosen at random from set 0.
+
+    The forward of a token depends on that token only, so ``y``, ``dx`` and ``d_topk_weights``
+    of the probe tokens, taken from the full-size run, must equal the reference run on those
+    tokens alone. For the weight gradients the check run gets a cotangent that is zero outside the
+    probe tokens: then ``d_w_*`` hold the probe tokens' contributions only, which the reference
+    computes too. They are compared on ``experts`` (up to 4 touched experts, the busiest first)
+    and on sampled rows (``h_rows`` of ``d_w_gate_up``, ``f_rows`` of ``d_w_down``), which keeps
+    the host copies small at S2/S4 sizes.
+    """
+
+    tokens: np.ndarray  # [P] sorted token indices
+    experts: np.ndarray  # [Q] expert ids
+    h_rows: np.ndarray  # rows of d_w_gate_up[e] (hidden index)
+    f_rows: np.ndarray  # rows of d_w_down[e] (ffn index)
+    dy_check: jax.Array  # [T, H] the cotangent of set 0, zero outside the probe tokens
+
+
+def make_probe(problem: Problem, *, num_tokens: int = 48, num_experts: int = 4,
+               num_rows: int = 128, seed: int = 7) -> Probe:
+    rng = np.random.default_rng(seed)
+    s = problem.shape
+    tokens = np.sort(rng.choice(s.tokens, size=min(num_tokens, s.tokens), replace=False))
+    ids = np.asarray(problem.sets[0].ids)[tokens]
+    touched, hits = np.unique(ids, return_counts=True)
+    busiest_first = touched[np.argsort(-hits, kind="stable")]
+    experts = busiest_first[:num_experts]
+    h_rows = np.sort(rng.choice(s.hidden, size=min(num_rows, s.hidden), replace=False))
+    f_rows = np.sort(rng.choice(s.ffn, size=min(num_rows, s.ffn), replace=False))
+    mask = np.zeros((s.tokens, 1), np.float32)
+    mask[tokens] = 1.0
+    dy = problem.sets[0].dy
+    dy_check = (dy * jnp.asarray(mask, dy.dtype)).astype(dy.dtype)
+    return Probe(tokens, experts, h_rows, f_rows, dy_check)
+
+
+def probe_outputs(probe: Probe, y, grads=None) -> dict[str, np.ndarray]:
+    """The probed pieces of JAX outputs as float32 numpy (sliced on the device first).
+
+    ``y [T, H]``; ``grads = (dx [T, H], d_topk_weights [T, k], d_w_gate_up [E, H, 2F],
+    d_w_down [E, F, H])`` or None for a forward-only run.
+    """
+    tok = jnp.asarray(probe.tokens)
+    out = {"y": np.asarray(y[tok].astype(jnp.float32))}
+    if grads is not None:
+        dx, dtw, dgu, dd = grads
+        ex = jnp.asarray(probe.experts)
+        out["dx"] = np.asarray(dx[tok].astype(jnp.float32))
+        out["d_topk_weights"] = np.asarray(dtw[tok].astype(jnp.float32))
+        out["d_w_gate_up"] = np.asarray(dgu[ex][:, jnp.asarray(probe.h_rows)].astype(jnp.float32))
+        out["d_w_down"] = np.asarray(dd[ex][:, jnp.asarray(probe.f_rows)].astype(jnp.float32))
+    return out
+
+
+def reference_probe(problem: Problem, probe: Probe) -> dict[str, np.ndarray]:
+    """``jax_mok.reference.routed_experts`` on float32-upcast probe tokens (value + vjp).
+
+    Only the experts the probe tokens touch are passed (ids remapped), so the reference stays
+    small where ``ragged_dot`` would otherwise process every expert of S2/S4.
+    """
+    s0 = problem.sets[0]
+    ids = np.asarray(s0.ids)[probe.tokens]
+    touched = np.unique(ids)
+    remap = np.zeros(problem.shape.experts, np.int32)
+    remap[touched] = np.arange(touched.size, dtype=np.int32)
+    tok, sel = jnp.asarray(probe.tokens), jnp.asarray(touched)
+    f32 = jnp.float32
+    x = s0.x[tok].astype(f32)
+    dy = s0.dy[tok].astype(f32)
+    tw = s0.weights[tok]
+    w_gate_up = s0.w_gate_up[sel].astype(f32)
+    w_down = s0.w_down[sel].astype(f32)
+    local_ids = jnp.asarray(remap[ids])
+
+    def run(x, tw, w_gate_up, w_down, dy):
+        y, vjp = jax.vjp(
+            lambda x, tw, a, b: reference.routed_experts(x, local_ids, tw, a, b),
+            x, tw, w_gate_up, w_down,
+        )
+        return y, vjp(dy)
+
+    with jax.default_matmul_precision("highest"):
+        y, (dx, dtw, dgu, dd) = jax.jit(run)(x, tw, w_gate_up, w_down, dy)
+    local_experts = jnp.asarray(remap[probe.experts])
+    return {
+        "y": np.asarray(y),
+        "dx": np.asarray(dx),
+        "d_topk_weights": np.asarray(dtw),
+        "d_w_gate_up": np.asarray(dgu[local_experts][:, jnp.asarray(probe.h_rows)]),
+        "d_w_down": np.asarray(dd[local_experts][:, jnp.asarray(probe.f_rows)]),
+    }
+
+
+def compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], dtype) -> dict:
+    """Relative Frobenius errors (``testing.rel_error``) of every probed output, and the verdict."""
+    tol = testing.tolerance(dtype)
+    errors = {}
+    for name, value in got.items():
+        if value.shape != want[name].shape:
+            raise ValueError(f"probe {name}: shape {value.shape} vs reference {want[name].shape}")
+        errors[name] = testing.rel_error(value, want[name])
+    worst = max(errors.values())
+    return {"errors": errors, "max_error": worst, "tolerance": tol,
+            "passed": bool(np.isfinite(worst) and worst <= tol)}

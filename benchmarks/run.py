@@ -1,0 +1,278 @@
+"""``python -m benchmarks.run``: jax_mok against its peers, per ../shared/BENCHMARKS.md.
+
+Every item (shape × routing × pass × implementation) is checked against the float32 reference
+before it is timed; a failed check, an out-of-memory or an error is recorded, not timed. Each
+shape runs in its own worker process (see worker.py); this process only orchestrates, never
+touches the accelerator, and writes results.json / results.md / results.png into ``--out``.
+
+Examples:
+  python -m benchmarks.run                                   # the protocol, all shapes
+  python -m benchmarks.run --shapes S6 --impls jax_mok,B2 --passes fwd
+  python -m benchmarks.run --quick --shapes S6 --scale-tokens 0.02 --scale-model 0.0625  # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(PACKAGE_DIR)
+ALL_IMPLS = ("jax_mok", "B1", "B2", "B3")
+
+
+def _list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6", help="names from testing.SHAPES")
+    p.add_argument("--routing", default="balanced,skewed", help="balanced and/or skewed")
+    p.add_argument("--passes", default="fwd,fwdbwd", help="fwd and/or fwdbwd")
+    p.add_argument("--impls", default=",".join(ALL_IMPLS), help="jax_mok,B1,B2,B3")
+    p.add_argument("--iters", type=int, default=None, help="timed iterations (default 20)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed warm-ups (default 3)")
+    p.add_argument("--sets", type=int, default=None, help="rotated input sets (default 3)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--out", default=None, help="output folder (default bench-out/run-<time>)")
+    p.add_argument("--scale-tokens", type=float, default=1.0, help="multiply every T by this")
+    p.add_argument("--scale-model", type=float, default=1.0,
+                   help="multiply H and F by this (rounded to multiples of 8): CPU smoke runs")
+    p.add_argument("--quick", action="store_true",
+                   help="5 iterations, 1 warm-up, 2 sets, small ceilings: not the protocol")
+    p.add_argument("--budget-s", type=float, default=330.0,
+                   help="skip the items left once this many seconds have passed")
+    p.add_argument("--item-timeout-s", type=float, default=150.0,
+                   help="kill a worker whose current item runs longer than this")
+    p.add_argument("--no-ceilings", action="store_true", help="skip the ceiling measurements")
+    p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    defaults = (5, 1, 2) if args.quick else (20, 3, 3)
+    args.iters = args.iters if args.iters is not None else defaults[0]
+    args.warmup = args.warmup if args.warmup is not None else defaults[1]
+    args.sets = args.sets if args.sets is not None else defaults[2]
+    args.shapes, args.routing = _list(args.shapes), _list(args.routing)
+    args.passes, args.impls = _list(args.passes), _list(args.impls)
+    _validate(p, args)
+    return args
+
+
+def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from jax_mok.testing import SHAPES  # light: no device is touched
+
+    checks = [
+        ("--shapes", args.shapes, tuple(SHAPES)),
+        ("--routing", args.routing, ("balanced", "skewed")),
+        ("--passes", args.passes, ("fwd", "fwdbwd")),
+        ("--impls", args.impls, ALL_IMPLS),
+    ]
+    for flag, given, allowed in checks:
+        bad = [g for g in given if g not in allowed]
+        if bad or not given:
+            parser.error(f"{flag}: expected a comma list from {list(allowed)}, got {given}")
+    if args.iters < 1 or args.warmup < 0 or args.sets < 1:
+        parser.error(f"--iters >= 1, --warmup >= 0, --sets >= 1; got {args.iters}, "
+                     f"{args.warmup}, {args.sets}")
+
+
+def _git(*cmd: str) -> str | None:
+    try:
+        return subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _read_events(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    events = []
+    with open(path) as f:
+        for line in f:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut by a kill
+    return events
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Orchestrator:
+    def __init__(self, args: argparse.Namespace, out_dir: str):
+        self.args = args
+        self.out_dir = out_dir
+        self.start = time.time()
+        self.deadline = self.start + args.budget_s
+        self.env = dict(os.environ)
+        # JAX would take 75 % of the GPU up front; torch (B3) needs room beside it.
+        self.env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [REPO_ROOT] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else []))
+        os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+
+    def _spec(self, task: str, shape: str | None, skip: list[str], events: str) -> dict:
+        a = self.args
+        return {
+            "task": task, "shape": shape, "routings": a.routing, "passes": a.passes,
+            "impls": a.impls, "iters": a.iters, "warmup": a.warmup, "num_sets": a.sets,
+            "dtype": a.dtype, "scale_tokens": a.scale_tokens, "scale_model": a.scale_model,
+            "quick": a.quick, "deadline": self.deadline, "skip": skip, "events": events,
+            "probe_tokens": 16 if a.quick else 48,
+        }
+
+    def _launch(self, name: str, spec: dict, attempt: int):
+        spec_path = os.path.join(self.out_dir, "logs", f"{name}-{attempt}.spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        log = open(os.path.join(self.out_dir, "logs", f"{name}-{attempt}.log"), "w")
+        cmd = [sys.executable, "-m", "benchmarks.run", "--_worker", spec_path]
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=self.env, stderr=log)
+        return proc, log
+
+    def ceilings(self) -> tuple[dict, dict | None]:
+        events_path = os.path.join(self.out_dir, "logs", "ceilings.jsonl")
+        proc, log = self._launch("ceilings", self._spec("ceilings", None, [], events_path), 0)
+        try:
+            rc = proc.wait(timeout=max(60.0, self.args.item_timeout_s))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = "timeout"
+        log.close()
+        events = _read_events(events_path)
+        machine = next((e for e in events if e["event"] == "machine"), {})
+        ceil = next((e for e in events if e["event"] == "ceilings"), None)
+        if rc != 0 or ceil is None:
+            print(f"ceilings worker failed ({rc}):\n{_tail(log.name)}", flush=True)
+        for e in (machine, ceil or {}):
+            e.pop("event", None)
+        return machine, ceil
+
+    def shape(self, shape: str) -> list[dict]:
+        """Runs one shape's items in workers, restarting after crashes; returns its records."""
+        from benchmarks.worker import RESTART_EXIT_CODE, shape_items
+
+        items = shape_items(shape, self.args.routing, self.args.passes, self.args.impls)
+        records: dict[str, dict] = {}
+        events_path = os.path.join(self.out_dir, "logs", f"{shape}.jsonl")
+        for attempt in range(4):
+            left = [i for i in items if i["key"] not in records]
+            if not left or time.time() > self.deadline:
+                break
+            proc, log = self._launch(shape, self._spec("shape", shape, list(records),
+                                                       events_path), attempt)
+            rc, killed_key = self._watch(proc, events_path)
+            log.close()
+            started = None
+            for e in _read_events(events_path):
+                if e["event"] == "start":
+                    started = e["key"]
+                elif e["event"] == "record":
+                    e.pop("event")
+                    records[e["key"]] = e
+            if rc == 0:
+                break
+            if started is not None and started not in records:
+                item = next(i for i in items if i["key"] == started)
+                status = "timeout" if killed_key == started else "crash"
+                records[started] = {
+                    **item, "status": status,
+                    "reason": f"worker exit {rc}; log tail: {_tail(log.name, 6)[-600:]}",
+                }
+                print(f"{started}: {status} (exit {rc}); log {log.name}:\n{_tail(log.name)}",
+                      flush=True)
+            elif rc != RESTART_EXIT_CODE:
+                print(f"{shape} worker exit {rc} outside an item; log {log.name}:\n"
+                      f"{_tail(log.name)}", flush=True)
+                if killed_key is None and started is None:
+                    break  # it failed before its first item: a restart would fail again
+        for item in items:
+            if item["key"] not in records:
+                reason = ("time budget (--budget-s) used up" if time.time() > self.deadline
+                          else "not run (worker failed repeatedly)")
+                records[item["key"]] = {**item, "status": "skipped", "reason": reason}
+        return [records[i["key"]] for i in items]
+
+    def _watch(self, proc, events_path: str):
+        """Waits for the worker; kills it when an item exceeds --item-timeout-s."""
+        timeout = self.args.item_timeout_s
+        while True:
+            try:
+                return proc.wait(timeout=1.0), None
+            except subprocess.TimeoutExpired:
+                pass
+            events = _read_events(events_path)
+            open_start = None
+            for e in events:
+                if e["event"] == "start":
+                    open_start = e
+                elif e["event"] == "record" and open_start and e["key"] == open_start["key"]:
+                    open_start = None
+            if open_start and time.time() - open_start["time"] > timeout:
+                print(f"{open_start['key']}: over {timeout:.0f} s, killing worker {proc.pid}",
+                      flush=True)
+                proc.kill()
+                return proc.wait(), open_start["key"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args._worker:
+        from benchmarks import worker
+
+        return worker.main(args._worker)
+    stamp = datetime.datetime.now(datetime.UTC)
+    out_dir = args.out or os.path.join(REPO_ROOT, "bench-out",
+                                       "run-" + stamp.strftime("%Y%m%d-%H%M%S"))
+    orch = Orchestrator(args, out_dir)
+    print(f"benchmarks -> {out_dir}  (shapes {','.join(args.shapes)}; impls "
+          f"{','.join(args.impls)}; {args.iters} iters, {args.warmup} warm-ups, {args.sets} "
+          f"sets; budget {args.budget_s:.0f} s)", flush=True)
+    machine, ceil = ({}, None) if args.no_ceilings else orch.ceilings()
+    records: list[dict] = []
+    for shape in args.shapes:
+        records += orch.shape(shape)
+    protocol = (not args.quick and args.scale_tokens == 1.0 and args.scale_model == 1.0
+                and args.iters >= 20 and args.warmup >= 3 and args.sets >= 2)
+    result = {
+        "meta": {
+            "date": stamp.isoformat(timespec="seconds"),
+            "command": "python -m benchmarks.run " + " ".join(
+                shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+            "git_commit": _git("rev-parse", "HEAD"),
+            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "machine": machine,
+            "protocol": protocol,
+            "args": {k: v for k, v in vars(args).items() if k != "_worker"},
+            "wall_s": time.time() - orch.start,
+        },
+        "ceilings": ceil,
+        "records": records,
+    }
+    from benchmarks import report
+
+    paths = report.write(out_dir, result)
+    print()
+    with open(paths["md"]) as f:
+        print(f.read())
+    print(f"wrote {', '.join(paths.values())} in {time.time() - orch.start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

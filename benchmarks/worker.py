@@ -1,0 +1,289 @@
+"""One benchmark task in one process: the ceilings, or every item of one shape.
+
+``run.py`` starts a worker per task so that each shape begins with empty device memory (JAX's
+allocator keeps what it grew; torch needs room next to it) and so that a crash or a hang in a
+kernel costs one item, not the run. The worker appends JSON lines to ``spec["events"]``:
+``{"event": "start", "key": ...}`` before an item and ``{"event": "record", ...}`` after it.
+Exit code 3 asks for a fresh process after an unexpected error (the device may be unusable).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+RESTART_EXIT_CODE = 3
+IMPL_ORDER = ("B3", "jax_mok", "B2", "B1")  # torch first, while JAX's pool is still small
+
+
+def item_key(shape: str, routing: str, passname: str, impl: str) -> str:
+    return f"{shape}/{routing}/{passname}/{impl}"
+
+
+def shape_items(shape: str, routings: list[str], passes: list[str],
+                impls: list[str]) -> list[dict]:
+    """The items of one shape in run order: implementation-major (see IMPL_ORDER)."""
+    ordered = [i for i in IMPL_ORDER if i in impls] + [i for i in impls if i not in IMPL_ORDER]
+    return [
+        {"key": item_key(shape, r, p, i), "shape": shape, "routing": r, "pass": p, "impl": i}
+        for i in ordered for r in routings for p in passes
+    ]
+
+
+def routed_flops(shape, passname: str) -> int:
+    """Forward = 6 T k H F (gate/up and down GEMMs); forward+backward = 3x that."""
+    forward = 6 * shape.tokens * shape.top_k * shape.hidden * shape.ffn
+    return forward if passname == "fwd" else 3 * forward
+
+
+def _is_oom(error: BaseException) -> bool:
+    from benchmarks import peers_torch
+
+    text = str(error).lower()
+    return ("resource_exhausted" in text or "out of memory" in text
+            or peers_torch.is_oom(error))
+
+
+class Events:
+    def __init__(self, path: str):
+        self.path = path
+
+    def emit(self, event: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+def _progress(t0: float, text: str) -> None:
+    print(f"[{time.time() - t0:7.1f}s] {text}", flush=True)
+
+
+def machine_info() -> dict:
+    import jax
+    import jaxlib
+
+    from benchmarks import peers_torch
+
+    dev = jax.devices()[0]
+    info = {
+        "platform": dev.platform,
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "host_cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "torch": peers_torch.torch_version(),
+    }
+    if dev.platform == "gpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                info["gpu_name"] = torch.cuda.get_device_name(0)
+                info["cuda_torch"] = torch.version.cuda
+        except ImportError:
+            pass
+    return info
+
+
+def run_ceilings(spec: dict, events: Events) -> None:
+    import jax
+
+    from benchmarks import ceilings
+
+    t0 = time.time()
+    info = machine_info()
+    events.emit({"event": "machine", **info})
+    _progress(t0, f"device: {info['device_kind']} ({info['platform']}); measuring ceilings")
+    result = ceilings.measure(platform=jax.default_backend(), quick=spec["quick"],
+                              warmup=spec["warmup"], iters=spec["iters"])
+    events.emit({"event": "ceilings", **result})
+    _progress(t0, f"ceilings: bf16 matmul {result['matmul_tflops']:.1f} TFLOP/s, "
+                  f"copy {result['hbm_gbps']:.1f} GB/s")
+
+
+class ShapeRunner:
+    """Runs the items of one shape; problems, probes and reference outputs are made lazily."""
+
+    def __init__(self, spec: dict, events: Events):
+        import jax
+        import jax.numpy as jnp
+
+        from benchmarks import problems
+
+        self.spec = spec
+        self.events = events
+        self.platform = jax.default_backend()
+        self.dtype = jnp.dtype(spec["dtype"])
+        self.shape = problems.scaled_shape(spec["shape"], spec["scale_tokens"],
+                                           spec["scale_model"])
+        self.problems: dict = {}
+        self.probes: dict = {}
+        self.references: dict = {}
+        self.t0 = time.time()
+
+    def problem(self, routing: str):
+        from benchmarks import problems
+
+        if routing not in self.problems:
+            weights = None
+            for other in self.problems.values():
+                if not other.weights_rotated:
+                    weights = (other.sets[0].w_gate_up, other.sets[0].w_down)
+            problem = problems.make_problem(self.shape, routing, dtype=self.dtype,
+                                            num_sets=self.spec["num_sets"], weights=weights)
+            self.problems[routing] = problem
+            self.probes[routing] = problems.make_probe(
+                problem, num_tokens=self.spec["probe_tokens"])
+        return self.problems[routing]
+
+    def reference(self, routing: str) -> dict:
+        from benchmarks import problems
+
+        if routing not in self.references:
+            self.references[routing] = problems.reference_probe(
+                self.problem(routing), self.probes[routing])
+        return self.references[routing]
+
+    def base_record(self, item: dict) -> dict:
+        s = self.shape
+        return {
+            **{k: item[k] for k in ("key", "shape", "routing", "pass", "impl")},
+            "tokens": s.tokens, "hidden": s.hidden, "ffn": s.ffn, "experts": s.experts,
+            "top_k": s.top_k, "dtype": self.dtype.name, "flops": routed_flops(s, item["pass"]),
+            "iters": self.spec["iters"], "warmup": self.spec["warmup"],
+            "num_sets": self.spec["num_sets"],
+        }
+
+    def run_item(self, item: dict) -> dict:
+        record = self.base_record(item)
+        try:
+            problem = self.problem(item["routing"])
+            record["routing_stats"] = problem.routing_stats()
+            record["weights_rotated"] = problem.weights_rotated
+            record["touched_weight_bytes"] = problem.touched_weight_bytes()
+            want = self.reference(item["routing"])
+            if item["impl"] == "B3":
+                self._run_torch(item, problem, want, record)
+            else:
+                self._run_jax(item, problem, want, record)
+        except Exception as error:  # noqa: BLE001 - every failure becomes a record
+            if _is_oom(error):
+                record["status"] = "OOM"
+                record["reason"] = str(error).splitlines()[0][:300] if str(error) else "OOM"
+            else:
+                record["status"] = "error"
+                record["reason"] = f"{type(error).__name__}: {str(error)[:500]}"
+                record["traceback"] = traceback.format_exc()[-3000:]
+        finally:
+            gc.collect()
+        return record
+
+    def _check(self, got: dict, want: dict, record: dict) -> bool:
+        from benchmarks import problems
+
+        record["check"] = problems.compare(got, {k: want[k] for k in got}, self.dtype)
+        if not record["check"]["passed"]:
+            record["status"] = "check_failed"
+            errs = ", ".join(f"{k} {v:.2e}" for k, v in record["check"]["errors"].items())
+            record["reason"] = f"rel. error above {record['check']['tolerance']:g}: {errs}"
+            return False
+        return True
+
+    def _timed(self, step, record: dict) -> None:
+        from benchmarks.timing import summarize, time_steps
+
+        samples = time_steps(step, warmup=self.spec["warmup"], iters=self.spec["iters"])
+        record.update(summarize(samples))
+        record["tflops"] = record["flops"] / (record["median_ms"] * 1e-3) / 1e12
+        record["status"] = "ok"
+
+    def _run_jax(self, item: dict, problem, want: dict, record: dict) -> None:
+        import jax
+
+        from benchmarks import peers_jax, problems
+
+        capacity = None
+        if item["impl"] == "B2":
+            capacity = peers_jax.b2_capacity(problem.max_count)
+            record["b2_capacity"] = capacity
+        fn = peers_jax.routed_fn(item["impl"], capacity=capacity)
+        make = peers_jax.forward_fn if item["pass"] == "fwd" else peers_jax.forward_backward_fn
+        jitted = make(fn)
+        probe = self.probes[item["routing"]]
+        start = time.perf_counter()
+        out = jitted(*problem.sets[0].args(), probe.dy_check)
+        got = (problems.probe_outputs(probe, out) if item["pass"] == "fwd"
+               else problems.probe_outputs(probe, *out))
+        del out
+        record["first_call_s"] = time.perf_counter() - start  # compile + check run
+        if not self._check(got, want, record):
+            return
+        sets = problem.sets
+
+        def step(i: int) -> None:
+            s = sets[i % len(sets)]
+            jax.block_until_ready(jitted(*s.args(), s.dy))
+
+        self._timed(step, record)
+
+    def _run_torch(self, item: dict, problem, want: dict, record: dict) -> None:
+        from benchmarks import peers_torch
+
+        reason = peers_torch.unavailable_reason(self.platform)
+        if reason is not None:
+            record["status"] = "unavailable"
+            record["reason"] = reason
+            return
+        runner = peers_torch.TorchRunner(problem, item["pass"])
+        try:
+            start = time.perf_counter()
+            got = runner.check_outputs(self.probes[item["routing"]])
+            record["first_call_s"] = time.perf_counter() - start
+            if self._check(got, want, record):
+                self._timed(runner.step(), record)
+        finally:
+            runner.release()
+
+    def run(self) -> int:
+        spec = self.spec
+        skip = set(spec.get("skip", []))
+        items = shape_items(spec["shape"], spec["routings"], spec["passes"], spec["impls"])
+        for item in items:
+            if item["key"] in skip:
+                continue
+            if time.time() > spec["deadline"]:
+                record = self.base_record(item)
+                record.update(status="skipped", reason="time budget (--budget-s) used up")
+                self.events.emit({"event": "record", **record})
+                continue
+            self.events.emit({"event": "start", "key": item["key"], "time": time.time()})
+            record = self.run_item(item)
+            self.events.emit({"event": "record", **record})
+            self._print(record)
+            if record["status"] == "error":
+                return RESTART_EXIT_CODE
+        return 0
+
+    def _print(self, r: dict) -> None:
+        label = f"{r['shape']} {r['routing']:8s} {r['pass']:6s} {r['impl']:7s}"
+        if r["status"] == "ok":
+            text = (f"{label} {r['median_ms']:9.3f} ms  {r['tflops']:8.2f} TFLOP/s  "
+                    f"(check {r['check']['max_error']:.1e})")
+        else:
+            text = f"{label} {r['status']}: {r.get('reason', '')[:160]}"
+        _progress(self.t0, text)
+
+
+def main(spec_path: str) -> int:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    events = Events(spec["events"])
+    if spec["task"] == "ceilings":
+        run_ceilings(spec, events)
+        return 0
+    return ShapeRunner(spec, events).run()
