@@ -48,6 +48,12 @@ def _is_oom(error: BaseException) -> bool:
             or peers_torch.is_oom(error))
 
 
+def _device_may_be_broken(reason: str) -> bool:
+    """After a CUDA/XLA runtime error the device context may be unusable: start afresh."""
+    text = reason.lower()
+    return any(word in text for word in ("cuda", "internal", "illegal", "xlaruntimeerror"))
+
+
 class Events:
     def __init__(self, path: str):
         self.path = path
@@ -265,7 +271,7 @@ class ShapeRunner:
             record = self.run_item(item)
             self.events.emit({"event": "record", **record})
             self._print(record)
-            if record["status"] == "error":
+            if record["status"] == "error" and _device_may_be_broken(record["reason"]):
                 return RESTART_EXIT_CODE
         return 0
 
