@@ -103,8 +103,10 @@ def _cuda_fn():
 
 
 def _reference(x, ids, w, wgu, wd, dy):
+    """float32 reference at full matmul precision (XLA's GPU default for f32 dots is TF32)."""
     up = lambda a: jnp.asarray(a, jnp.float32)
-    return _routed("reference")(up(x), ids, w, up(wgu), up(wd), up(dy))
+    with jax.default_matmul_precision("highest"):
+        return _routed("reference")(up(x), ids, w, up(wgu), up(wd), up(dy))
 
 
 def _rel(a, b):

@@ -44,10 +44,10 @@ __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(
 // The wgmma m64nNk16 f32 accumulator layout, which the SIMT path reproduces so that both share
 // one epilogue: a warpgroup owns 64 rows; value i of a thread sits at
 //   row = 16 * warp + lane / 4 + 8 * ((i >> 1) & 1),   col = 8 * (i >> 2) + 2 * (lane % 4) + (i & 1).
-__device__ __forceinline__ int frag_row(int i, int thread_in_wg) {
+__host__ __device__ __forceinline__ int frag_row(int i, int thread_in_wg) {
   return 16 * (thread_in_wg >> 5) + ((thread_in_wg & 31) >> 2) + 8 * ((i >> 1) & 1);
 }
-__device__ __forceinline__ int frag_col(int i, int thread_in_wg) {
+__host__ __device__ __forceinline__ int frag_col(int i, int thread_in_wg) {
   return 8 * (i >> 2) + 2 * (thread_in_wg & 3) + (i & 1);
 }
 

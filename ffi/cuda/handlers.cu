@@ -2,9 +2,12 @@
 //   forward : route → gate/up GEMM (+SwiGLU) → down GEMM (× routing weight) → combine over k
 //   backward: route → gate/up GEMM (h) → dy·Wd^T GEMM (+SwiGLU bwd, d_w partials) → dh·Wgu^T GEMM
 //             → combine dx, reduce d_w → weight-gradient GEMMs (K = the expert's tokens)
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <type_traits>
 
 #include "common/problem.h"
 #include "cuda/combine.cuh"
@@ -19,13 +22,55 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-#define MOK_CUDA_RETURN(expr)                                                           \
-  do {                                                                                  \
-    cudaError_t mok_err_ = (expr);                                                      \
-    if (mok_err_ != cudaSuccess)                                                        \
-      return ffi::Error::Internal(StrCat("jax_mok CUDA: ", #expr, " failed: ",           \
-                                         cudaGetErrorString(mok_err_)));                \
+// Error text without iostreams: a libstdc++ linked statically into this module (seen with the
+// GPU machine's toolchain) crashes in std::ostream's locale facets inside XLA's process.
+inline void Append(std::string& s, const char* v) { s += v; }
+inline void Append(std::string& s, const std::string& v) { s += v; }
+template <class N, std::enable_if_t<std::is_arithmetic_v<N>, int> = 0>
+void Append(std::string& s, N v) { s += std::to_string(v); }
+template <class... Args>
+std::string Msg(const Args&... args) {
+  std::string s;
+  (Append(s, args), ...);
+  return s;
+}
+
+#define MOK_CUDA_CHECK(cond, ...)                                                  \
+  do {                                                                             \
+    if (!(cond)) return ffi::Error::InvalidArgument(Msg("jax_mok: ", __VA_ARGS__)); \
   } while (0)
+
+#define MOK_CUDA_RETURN(expr)                                                            \
+  do {                                                                                   \
+    cudaError_t mok_err_ = (expr);                                                       \
+    if (mok_err_ != cudaSuccess)                                                         \
+      return ffi::Error::Internal(                                                       \
+          Msg("jax_mok CUDA: ", #expr, " failed: ", cudaGetErrorString(mok_err_)));      \
+  } while (0)
+
+// JAX_MOK_CUDA_DEBUG_SYNC=1: synchronize after every phase and name the phase that failed
+// (debugging only: a host sync per phase).
+bool DebugSync() {
+  static const bool on = [] {
+    const char* env = std::getenv("JAX_MOK_CUDA_DEBUG_SYNC");
+    return env && env[0] == '1';
+  }();
+  return on;
+}
+
+ffi::Error Stage(const char* name, cudaError_t launched, cudaStream_t stream) {
+  if (launched != cudaSuccess)
+    return ffi::Error::Internal(
+        Msg("jax_mok CUDA: launching ", name, " failed: ", cudaGetErrorString(launched)));
+  if (DebugSync()) {
+    std::fprintf(stderr, "jax_mok CUDA: %s ...", name);
+    const cudaError_t err = cudaStreamSynchronize(stream);
+    std::fprintf(stderr, " %s\n", cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      return ffi::Error::Internal(Msg("jax_mok CUDA: ", name, " failed: ", cudaGetErrorString(err)));
+  }
+  return ffi::Error::Success();
+}
 
 struct DeviceInfo {
   int major = 0, minor = 0, sms = 0;
@@ -34,7 +79,7 @@ struct DeviceInfo {
 ffi::Error GetDevice(int32_t ordinal, DeviceInfo* info) {
   static std::mutex mu;
   static DeviceInfo cache[64];
-  MOK_CHECK(ordinal >= 0 && ordinal < 64, "device ordinal ", ordinal, " out of range");
+  MOK_CUDA_CHECK(ordinal >= 0 && ordinal < 64, "device ordinal ", ordinal, " out of range");
   std::lock_guard<std::mutex> lock(mu);
   DeviceInfo& c = cache[ordinal];
   if (c.sms == 0) {
@@ -45,7 +90,7 @@ ffi::Error GetDevice(int32_t ordinal, DeviceInfo* info) {
   *info = c;
   if (c.major != 9) {
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                      StrCat("jax_mok CUDA kernels are built for sm_90a (Hopper, compute "
+                      Msg("jax_mok CUDA kernels are built for sm_90a (Hopper, compute "
                              "capability 9.0); device ",
                              ordinal, " has compute capability ", c.major, ".", c.minor,
                              ". Use implementation=\"reference\" on this GPU."));
@@ -87,6 +132,15 @@ struct Carve {
   }
 };
 
+// XLA's FFI scratch allocator accepts alignments up to 16 bytes: over-allocate and align to 256.
+ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, char** base) {
+  auto mem = scratch.Allocate(bytes + 256, 16);
+  MOK_CUDA_CHECK(mem.has_value(), "could not allocate ", bytes, " bytes of device scratch");
+  const uintptr_t p = reinterpret_cast<uintptr_t>(*mem);
+  *base = reinterpret_cast<char*>((p + 255) & ~uintptr_t{255});
+  return ffi::Error::Success();
+}
+
 inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // Sizes the routing part of the scratch (pass base = nullptr to measure).
@@ -118,11 +172,11 @@ GemmParams RoutedParams(const Routing& r, const float* topk_weights) {
 }
 
 ffi::Error CheckCommon(const Problem& pr) {
-  MOK_CHECK(pr.hidden % 8 == 0 && pr.ffn % 8 == 0,
+  MOK_CUDA_CHECK(pr.hidden % 8 == 0 && pr.ffn % 8 == 0,
             "the CUDA kernels need H and F to be multiples of 8 (16-byte rows), got H=", pr.hidden,
             " F=", pr.ffn);
-  MOK_CHECK(pr.assignments() < (int64_t{1} << 30), "T*k must be < 2^30, got ", pr.assignments());
-  MOK_CHECK(pr.experts < (1 << 20), "E must be < 2^20, got ", pr.experts);
+  MOK_CUDA_CHECK(pr.assignments() < (int64_t{1} << 30), "T*k must be < 2^30, got ", pr.assignments());
+  MOK_CUDA_CHECK(pr.experts < (1 << 20), "E must be < 2^20, got ", pr.experts);
   return ffi::Error::Success();
 }
 
@@ -141,31 +195,34 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
   T* act;
   float* y_part;
   layout(probe, &r, &act, &y_part);
-  auto mem = scratch.Allocate(probe.used, 256);
-  MOK_CHECK(mem.has_value(), "could not allocate ", probe.used, " bytes of scratch");
-  Carve c{static_cast<char*>(*mem)};
+  char* base;
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
+  Carve c{base};
   layout(c, &r, &act, &y_part);
 
   const bool wgmma = UseWgmma(pr.dtype);
-  MOK_CUDA_RETURN(build_routing(r, stream));
+  const int bn = wgmma ? kWgmmaBN : kSimtBN;
+  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
 
   GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
-  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, 64);
+  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
   g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
   g1.out = act, g1.ldo = F;
-  MOK_CUDA_RETURN((LaunchGemm<T, Mode::kRoutedBN, Epi::kSwiGLU>(g1, wgmma, dev.sms, stream)));
+  MOK_RETURN_IF_ERROR(Stage("gate/up GEMM + SwiGLU", LaunchGemm<T, Mode::kRoutedBN, Epi::kSwiGLU>(g1, wgmma, dev.sms, stream), stream));
 
   GemmParams g2 = RoutedParams(r, w);  // y_part = w · (a @ Wd[e])
-  g2.N = H, g2.K = F, g2.n_tiles = CeilDiv(H, 128);
+  g2.N = H, g2.K = F, g2.n_tiles = CeilDiv(H, bn);
   g2.a = act, g2.lda = F;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = y_part, g2.ldo = H;
-  MOK_CUDA_RETURN((LaunchGemm<T, Mode::kRoutedBN, Epi::kWeighted>(g2, wgmma, dev.sms, stream)));
+  MOK_RETURN_IF_ERROR(Stage("down GEMM x weight", LaunchGemm<T, Mode::kRoutedBN, Epi::kWeighted>(g2, wgmma, dev.sms, stream), stream));
 
-  MOK_CUDA_RETURN(launch_combine<T>(y_part, r.assign_pos, y, static_cast<int>(pr.tokens),
-                                    static_cast<int>(pr.top_k), static_cast<int>(H), dev.sms,
-                                    stream));
+  MOK_RETURN_IF_ERROR(Stage("combine y",
+                            launch_combine<T>(y_part, r.assign_pos, y, static_cast<int>(pr.tokens),
+                                              static_cast<int>(pr.top_k), static_cast<int>(H),
+                                              dev.sms, stream),
+                            stream));
   return ffi::Error::Success();
 }
 
@@ -174,7 +231,9 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
                     const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
                     const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
-  const int g_tiles = CeilDiv(F, 128);
+  const bool wgmma = UseWgmma(pr.dtype);
+  const int bn = wgmma ? kWgmmaBN : kSimtBN;
+  const int g_tiles = CeilDiv(F, bn);
   struct Buffers {
     Routing r;
     float* h;        // [P, 2F] recomputed gate/up pre-activations
@@ -193,63 +252,65 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   };
   Carve probe;
   layout(probe);
-  auto mem = scratch.Allocate(probe.used, 256);
-  MOK_CHECK(mem.has_value(), "could not allocate ", probe.used, " bytes of scratch");
-  Carve c{static_cast<char*>(*mem)};
+  char* base;
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
+  Carve c{base};
   layout(c);
   const Routing& r = b.r;
-  const bool wgmma = UseWgmma(pr.dtype);
-  MOK_CUDA_RETURN(build_routing(r, stream));
+  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
 
   GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored f32)
-  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, 64);
+  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
   g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
   g1.out = b.h, g1.ldo = 2 * F;
-  MOK_CUDA_RETURN((LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream)));
+  MOK_RETURN_IF_ERROR(Stage("gate/up GEMM (recompute)", LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream), stream));
 
   GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
   g2.N = F, g2.K = H, g2.n_tiles = g_tiles;
   g2.a = dy, g2.lda = H, g2.a_gather = r.sorted_token;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
-  MOK_CUDA_RETURN((LaunchGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(g2, wgmma, dev.sms, stream)));
+  MOK_RETURN_IF_ERROR(Stage("dy Wd^T GEMM + SwiGLU bwd", LaunchGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(g2, wgmma, dev.sms, stream), stream));
 
   GemmParams g3 = RoutedParams(r, w);  // dx_part = dh @ Wgu[e]^T
-  g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, 128);
+  g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, bn);
   g3.a = b.dh, g3.lda = 2 * F;
   g3.b = wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
   g3.out = b.dx_part, g3.ldo = H;
-  MOK_CUDA_RETURN((LaunchGemm<T, Mode::kRoutedBK, Epi::kStoreF32>(g3, wgmma, dev.sms, stream)));
+  MOK_RETURN_IF_ERROR(Stage("dh Wgu^T GEMM", LaunchGemm<T, Mode::kRoutedBK, Epi::kStoreF32>(g3, wgmma, dev.sms, stream), stream));
 
-  MOK_CUDA_RETURN(launch_combine<T>(b.dx_part, r.assign_pos, dx, static_cast<int>(pr.tokens),
-                                    static_cast<int>(pr.top_k), static_cast<int>(H), dev.sms,
-                                    stream));
+  MOK_RETURN_IF_ERROR(Stage("combine dx",
+                            launch_combine<T>(b.dx_part, r.assign_pos, dx,
+                                              static_cast<int>(pr.tokens),
+                                              static_cast<int>(pr.top_k), static_cast<int>(H),
+                                              dev.sms, stream),
+                            stream));
   reduce_dw_kernel<<<CeilDiv(TK, 256), 256, 0, stream>>>(b.dw_part, r.assign_pos, d_w,
                                                          static_cast<int>(TK), g_tiles);
-  MOK_CUDA_RETURN(cudaGetLastError());
+  MOK_RETURN_IF_ERROR(Stage("reduce d_w", cudaGetLastError(), stream));
 
   GemmParams g4 = RoutedParams(r, w);  // dWd[e] = (w·a)^T dy[tok]    [F, H]
-  g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, 128);
+  g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, bn);
   g4.a = b.aw, g4.lda = F;
   g4.b = dy, g4.ldb = H, g4.b_gather = r.sorted_token;
   g4.out = d_wd, g4.ldo = H;
-  MOK_CUDA_RETURN((LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g4, wgmma, dev.sms, stream)));
+  MOK_RETURN_IF_ERROR(Stage("dWd GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g4, wgmma, dev.sms, stream), stream));
 
   GemmParams g5 = RoutedParams(r, w);  // dWgu[e] = x[tok]^T dh          [H, 2F]
-  g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, 128);
+  g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, bn);
   g5.a = x, g5.lda = H, g5.a_gather = r.sorted_token;
   g5.b = b.dh, g5.ldb = 2 * F;
   g5.out = d_wgu, g5.ldo = 2 * F;
-  MOK_CUDA_RETURN((LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g5, wgmma, dev.sms, stream)));
+  MOK_RETURN_IF_ERROR(Stage("dWgu GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g5, wgmma, dev.sms, stream), stream));
   return ffi::Error::Success();
 }
 
 ffi::Error CheckSameShape(const char* name, const ffi::AnyBuffer& a, int64_t d0, int64_t d1,
                           ffi::DataType dtype) {
   auto d = a.dimensions();
-  MOK_CHECK(d.size() == 2 && d[0] == d0 && d[1] == d1, name, " must be [", d0, ", ", d1, "]");
-  MOK_CHECK(a.element_type() == dtype, name, " must have dtype ", DtypeName(dtype), ", got ",
+  MOK_CUDA_CHECK(d.size() == 2 && d[0] == d0 && d[1] == d1, name, " must be [", d0, ", ", d1, "]");
+  MOK_CUDA_CHECK(a.element_type() == dtype, name, " must have dtype ", DtypeName(dtype), ", got ",
             DtypeName(a.element_type()));
   return ffi::Error::Success();
 }
@@ -263,6 +324,8 @@ ffi::Error MoeFwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
   MOK_RETURN_IF_ERROR(CheckSameShape("y", *y, pr.tokens, pr.hidden, pr.dtype));
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
+  if (DebugSync()) std::fprintf(stderr, "jax_mok CUDA: fwd T=%ld H=%ld F=%ld E=%ld k=%ld\n",
+                                (long)pr.tokens, (long)pr.hidden, (long)pr.ffn, (long)pr.experts, (long)pr.top_k);
   if (pr.tokens == 0) return ffi::Error::Success();
   const int* id = static_cast<const int*>(ids.untyped_data());
   const float* wt = static_cast<const float*>(w.untyped_data());
@@ -289,9 +352,9 @@ ffi::Error MoeBwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
   MOK_RETURN_IF_ERROR(CheckSameShape("dx", *dx, pr.tokens, pr.hidden, pr.dtype));
   MOK_RETURN_IF_ERROR(
       CheckSameShape("d_topk_weights", *d_w, pr.tokens, pr.top_k, ffi::DataType::F32));
-  MOK_CHECK(d_wgu->element_count() == wgu.element_count() && d_wgu->element_type() == pr.dtype,
+  MOK_CUDA_CHECK(d_wgu->element_count() == wgu.element_count() && d_wgu->element_type() == pr.dtype,
             "d_w_gate_up must match w_gate_up");
-  MOK_CHECK(d_wd->element_count() == wd.element_count() && d_wd->element_type() == pr.dtype,
+  MOK_CUDA_CHECK(d_wd->element_count() == wd.element_count() && d_wd->element_type() == pr.dtype,
             "d_w_down must match w_down");
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));

@@ -17,8 +17,9 @@ namespace mok::cuda {
 
 template <Mode kMode>
 struct WgmmaConfig {
-  static constexpr int BM = kTileM, BN = 128, BK = 64, kStages = 5;
+  static constexpr int BM = kTileM, BN = 256, BK = 64, kStages = 4;
   static constexpr int kThreads = 384;
+  static_assert(BN == kWgmmaBN, "handlers size n-tiles with kWgmmaBN");
   using Elem = cute::bfloat16_t;
   static constexpr auto kMajorA = kMode == Mode::kRoutedK ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   static constexpr auto kMajorB = kMode == Mode::kRoutedBK ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
@@ -30,44 +31,130 @@ struct WgmmaConfig {
   using SmemLayoutB = decltype(cute::tile_to_shape(
       Atom<kMajorB>{}, cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BN,BK,STAGES)
   using TiledMma = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
+      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));  // 2 warpgroups along M
   static constexpr int kStageBytesA = BM * BK * 2, kStageBytesB = BN * BK * 2;
   static constexpr int kRingBytes = kStages * (kStageBytesA + kStageBytesB);
+  // ring | full[STAGES] empty[STAGES] | producer row offsets [128] i64 | prefix, offset [E+1] i32
   static size_t smem_bytes(int experts) {
-    return 1024 + kRingBytes + 2 * kStages * sizeof(uint64_t) + 2 * sizeof(int) * (experts + 1);
+    return 1024 + kRingBytes + 2 * kStages * sizeof(uint64_t) + 128 * sizeof(int64_t) +
+           2 * sizeof(int) * (experts + 1);
   }
 };
 
-// One stage: 1024 16-byte chunks per operand, 8 per producer thread.
+// Byte offset of element (mn, k) inside stage 0. CuTe's layouts give the unswizzled offset (the
+// swizzle lives in its smem pointer type), so the 128B swizzle (Swizzle<3,4,3> on bytes) is
+// applied here; checked against CuTe's own tensor addressing for all four layouts.
+template <class Layout>
+__device__ __forceinline__ uint32_t swizzled(int mn, int k) {
+  constexpr auto inner = Layout{}.layout_b();
+  const uint32_t bytes = 2u * static_cast<uint32_t>(inner(mn, k, 0));
+  return bytes ^ (((bytes >> 7) & 7u) << 4);
+}
+
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+// The producer warpgroup. Gathered row offsets of the current tile (routed-M) or k-block
+// (routed-K) go through shared memory once, then every 16-byte chunk is one cp.async.
 template <Mode kMode>
-__device__ __forceinline__ void produce_stage(const GemmParams& p, const WorkTile& w, int k0,
-                                              int stage, uint32_t sa, uint32_t sb, int tid) {
+__device__ void run_producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
+                             int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa,
+                             uint32_t sb, int t) {
   using Cfg = WgmmaConfig<kMode>;
-  using Ops = Operands<bf16, kMode, Cfg::BN>;
-  constexpr typename Cfg::SmemLayoutA layout_a{};
-  constexpr typename Cfg::SmemLayoutB layout_b{};
-  const bf16* dummy = static_cast<const bf16*>(p.b);
+  using LA = typename Cfg::SmemLayoutA;
+  using LB = typename Cfg::SmemLayoutB;
+  constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
+  const bf16* a = static_cast<const bf16*>(p.a);
+  const bf16* b = static_cast<const bf16*>(p.b);
+  const int total = total_tiles<kMode>(p, s_prefix);
+  int stage = 0, phase = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+    if constexpr (kMode != Mode::kRoutedK) {
+      producer_sync();  // the previous tile's offsets are no longer read
+      const int pos = w.row0 + t;
+      s_rows[t] = t < w.rows ? (p.a_gather ? (int64_t)p.a_gather[pos] : (int64_t)pos) * p.lda : -1;
+      producer_sync();
+      const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A (and of B when K-major)
+      // B column (N-major B: one per thread) or B rows (K-major B: 16 per thread)
+      const int bc = (t & 31) * 8, bkr = t >> 5;
+      const int col = TileCols<BN>::b_col(p, w.n_tile, bc);
+      const bf16* b_e = b + w.expert * p.b_expert_stride;
+      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
+        const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
+        const bool k_ok = k0 + kc < p.K;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int idx = tid + 128 * i;
-    if constexpr (kMode == Mode::kRoutedK) {
-      const int kr = idx >> 4, c = (idx & 15) * 8;  // k-row, 8 contiguous m / n
-      const bf16* a = Ops::a_wgrad(p, w.k_off, w.k_len, k0 + kr, w.row0 + c);
-      const bf16* b = Ops::b_wgrad(p, w.k_off, w.k_len, k0 + kr, w.n_tile * Cfg::BN + c);
-      cp_async_16(sa + 2 * layout_a(c, kr, stage), a ? a : dummy, a != nullptr);
-      cp_async_16(sb + 2 * layout_b(c, kr, stage), b ? b : dummy, b != nullptr);
+        for (int i = 0; i < 8; ++i) {  // A: 128 rows × 8 chunks
+          const int r = (t >> 3) + 16 * i;
+          const int64_t off = s_rows[r];
+          const bool ok = off >= 0 && k_ok;
+          cp_async_16(stage_a + swizzled<LA>(r, kc), ok ? a + off + k0 + kc : a, ok);
+        }
+        if constexpr (kMode == Mode::kRoutedBN) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {  // B: 64 k-rows × 32 chunks of n
+            const int kr = bkr + 4 * i;
+            const bool ok = col >= 0 && k0 + kr < p.K;
+            cp_async_16(stage_b + swizzled<LB>(bc, kr),
+                        ok ? b_e + (int64_t)(k0 + kr) * p.ldb + col : b, ok);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {  // B: 256 n-rows × 8 chunks of k
+            const int r = (t >> 3) + 16 * i;
+            const int n = w.n_tile * BN + r;
+            const bool ok = n < p.N && k_ok;
+            cp_async_16(stage_b + swizzled<LB>(r, kc),
+                        ok ? b_e + (int64_t)n * p.ldb + k0 + kc : b, ok);
+          }
+        }
+        mbar_arrive_cp_async(&full[stage]);
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
     } else {
-      const int r = idx >> 3, kc = (idx & 7) * 8;  // A: m-row, 8 contiguous k
-      const bf16* a = Ops::a_routed(p, w.row0, w.rows, r, k0 + kc);
-      cp_async_16(sa + 2 * layout_a(r, kc, stage), a ? a : dummy, a != nullptr);
-      if constexpr (kMode == Mode::kRoutedBN) {
-        const int kr = idx >> 4, c = (idx & 15) * 8;  // B: k-row, 8 contiguous n
-        const bf16* b = Ops::b_routed(p, w.expert, w.n_tile, c, k0 + kr);
-        cp_async_16(sb + 2 * layout_b(c, kr, stage), b ? b : dummy, b != nullptr);
-      } else {
-        const bf16* b = Ops::b_routed(p, w.expert, w.n_tile, r, k0 + kc);  // B: n-row, 8 k
-        cp_async_16(sb + 2 * layout_b(r, kc, stage), b ? b : dummy, b != nullptr);
+      // Routed-K: k-rows are the expert's positions; row offsets per k-block, fetched one
+      // block ahead. Threads 0-63 own A rows, 64-127 B rows.
+      const int kr_own = t & 63;
+      const int* gather = t < 64 ? p.a_gather : p.b_gather;
+      const int64_t ld = t < 64 ? p.lda : p.ldb;
+      auto row_offset = [&](int k0) -> int64_t {
+        const int kk = k0 + kr_own;
+        if (kk >= w.k_len) return -1;
+        const int pos = w.k_off + kk;
+        return (gather ? (int64_t)gather[pos] : (int64_t)pos) * ld;
+      };
+      int64_t next = row_offset(0);
+      const int ac = (t & 15) * 8, akr = t >> 4;  // A: 16 chunks of m × 64 k-rows
+      const int bc = (t & 31) * 8, bkr = t >> 5;  // B: 32 chunks of n × 64 k-rows
+      const bool a_ok = w.row0 + ac < p.M;
+      const bool b_ok = w.n_tile * BN + bc < p.N;
+      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+        const int64_t cur = next;
+        next = row_offset(k0 + BK);
+        producer_sync();
+        s_rows[t] = cur;
+        producer_sync();
+        mbar_wait(&empty[stage], phase ^ 1);
+        const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
+        const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int kr = akr + 8 * i;
+          const int64_t off = s_rows[kr];
+          const bool ok = off >= 0 && a_ok;
+          cp_async_16(stage_a + swizzled<LA>(ac, kr), ok ? a + off + w.row0 + ac : a, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int kr = bkr + 4 * i;
+          const int64_t off = s_rows[64 + kr];
+          const bool ok = off >= 0 && b_ok;
+          cp_async_16(stage_b + swizzled<LB>(bc, kr), ok ? b + off + w.n_tile * BN + bc : b, ok);
+        }
+        mbar_arrive_cp_async(&full[stage]);
+        if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
   }
@@ -85,7 +172,8 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   auto* ring_b = reinterpret_cast<typename Cfg::Elem*>(smem + kStages * Cfg::kStageBytesA);
   auto* full = reinterpret_cast<uint64_t*>(smem + Cfg::kRingBytes);
   uint64_t* empty = full + kStages;
-  int* s_prefix = reinterpret_cast<int*>(empty + kStages);  // [E+1]
+  int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // [128] producer only
+  int* s_prefix = reinterpret_cast<int*>(s_rows + 128);            // [E+1]
   int* s_offset = s_prefix + p.experts + 1;                 // [E+1]
 
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
@@ -101,20 +189,12 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   __syncthreads();
 
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-  const int total = total_tiles<kMode>(p, s_prefix);
   if (wg == 0) {
-    const uint32_t sa = smem_u32(ring_a), sb = smem_u32(ring_b);
-    int stage = 0, phase = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
-      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        mbar_wait(&empty[stage], phase ^ 1);
-        produce_stage<kMode>(p, w, k0, stage, sa, sb, t);
-        mbar_arrive_cp_async(&full[stage]);
-        if (++stage == kStages) stage = 0, phase ^= 1;
-      }
-    }
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
+    run_producer<kMode>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                        smem_u32(ring_b), t);
   } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
     Tensor sB = make_tensor(make_smem_ptr(ring_b), typename Cfg::SmemLayoutB{});  // (BN,BK,STAGES)
     typename Cfg::TiledMma mma;
@@ -123,6 +203,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
     Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
+    const int total = total_tiles<kMode>(p, s_prefix);
     int stage = 0, phase = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);

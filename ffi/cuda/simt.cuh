@@ -7,7 +7,6 @@
 
 namespace mok::cuda {
 
-constexpr int kSimtBN = 128;
 constexpr int kSimtBK = 16;
 constexpr int kSimtThreads = 256;  // two "warpgroups" of 64 rows each
 
