@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mok import reference, testing
+from jax_mok.routing import DROPPED
 
 L2_BYTES = 60 * 2**20  # H200; token-side inputs are always rotated, weights when they are small
 ROTATE_WEIGHTS_BELOW_BYTES = 4 * L2_BYTES
@@ -239,43 +240,68 @@ def probe_outputs(probe: Probe, y, grads=None) -> dict[str, np.ndarray]:
     return out
 
 
-def reference_probe(problem: Problem, probe: Probe) -> dict[str, np.ndarray]:
+def _reference_vjp(x, local_ids, tw, w_gate_up, w_down, dy):
+    """Float32 reference value and vjp: ``(y, (dx, d_w, d_w_gate_up, d_w_down))``."""
+    y, vjp = jax.vjp(
+        lambda x, tw, a, b: reference.routed_experts(x, local_ids, tw, a, b),
+        x, tw, w_gate_up, w_down,
+    )
+    return y, vjp(dy)
+
+
+_reference_jit = jax.jit(_reference_vjp)
+
+
+def reference_probe(problem: Problem, probe: Probe,
+                    assignments_per_chunk: int = 32) -> dict[str, np.ndarray]:
     """``jax_mok.reference.routed_experts`` on float32-upcast probe tokens (value + vjp).
 
-    Only the experts the probe tokens touch are passed (ids remapped), so the reference stays
-    small where ``ragged_dot`` would otherwise process every expert of S2/S4.
+    Memory stays small at S2/S4 sizes (where a float32 copy of every touched expert would not
+    fit next to the bf16 weights): ``y``, ``dx`` and ``d_topk_weights`` come from chunks of a few
+    tokens that see only the experts they touch (ids remapped; padded to a fixed count so one
+    compilation serves every chunk); the weight gradients come from one run that keeps only the
+    probe tokens' assignments to ``probe.experts`` (the others become DROPPED, which the reference
+    skips) and sees only those experts. Both are exact: a token's outputs depend on its own
+    assignments only, and ``d_w[e]`` is a sum over the assignments to e.
     """
     s0 = problem.sets[0]
-    ids = np.asarray(s0.ids)[probe.tokens]
-    touched = np.unique(ids)
-    remap = np.zeros(problem.shape.experts, np.int32)
-    remap[touched] = np.arange(touched.size, dtype=np.int32)
-    tok, sel = jnp.asarray(probe.tokens), jnp.asarray(touched)
+    k = s0.ids.shape[1]
     f32 = jnp.float32
-    x = s0.x[tok].astype(f32)
-    dy = s0.dy[tok].astype(f32)
-    tw = s0.weights[tok]
-    w_gate_up = s0.w_gate_up[sel].astype(f32)
-    w_down = s0.w_down[sel].astype(f32)
-    local_ids = jnp.asarray(remap[ids])
-
-    def run(x, tw, w_gate_up, w_down, dy):
-        y, vjp = jax.vjp(
-            lambda x, tw, a, b: reference.routed_experts(x, local_ids, tw, a, b),
-            x, tw, w_gate_up, w_down,
-        )
-        return y, vjp(dy)
-
+    all_ids = np.asarray(s0.ids)
+    tokens = probe.tokens
+    per_chunk = max(1, assignments_per_chunk // k)
+    padded = np.concatenate([tokens, np.repeat(tokens[-1:], -len(tokens) % per_chunk)])
+    ys, dxs, dtws = [], [], []
     with jax.default_matmul_precision("highest"):
-        y, (dx, dtw, dgu, dd) = jax.jit(run)(x, tw, w_gate_up, w_down, dy)
-    local_experts = jnp.asarray(remap[probe.experts])
-    return {
-        "y": np.asarray(y),
-        "dx": np.asarray(dx),
-        "d_topk_weights": np.asarray(dtw),
-        "d_w_gate_up": np.asarray(dgu[local_experts][:, jnp.asarray(probe.h_rows)]),
-        "d_w_down": np.asarray(dd[local_experts][:, jnp.asarray(probe.f_rows)]),
-    }
+        for c in range(0, len(padded), per_chunk):
+            tok = padded[c:c + per_chunk]
+            ids = all_ids[tok]
+            touched = np.unique(ids)
+            slots = np.full(per_chunk * k, touched[0])  # fixed expert count per chunk
+            slots[:touched.size] = touched
+            local_ids = np.searchsorted(touched, ids).astype(np.int32)
+            jt, je = jnp.asarray(tok), jnp.asarray(slots)
+            y, (dx, dtw, _, _) = _reference_jit(
+                s0.x[jt].astype(f32), jnp.asarray(local_ids), s0.weights[jt],
+                s0.w_gate_up[je].astype(f32), s0.w_down[je].astype(f32), s0.dy[jt].astype(f32))
+            ys.append(np.asarray(y))
+            dxs.append(np.asarray(dx))
+            dtws.append(np.asarray(dtw))
+        n = len(tokens)
+        out = {"y": np.concatenate(ys)[:n], "dx": np.concatenate(dxs)[:n],
+               "d_topk_weights": np.concatenate(dtws)[:n]}
+
+        ids = all_ids[tokens]
+        local = np.full(ids.shape, DROPPED, np.int32)
+        for q, e in enumerate(probe.experts):
+            local[ids == e] = q
+        jt, je = jnp.asarray(tokens), jnp.asarray(probe.experts)
+        _, (_, _, dgu, dd) = _reference_jit(
+            s0.x[jt].astype(f32), jnp.asarray(local), s0.weights[jt],
+            s0.w_gate_up[je].astype(f32), s0.w_down[je].astype(f32), s0.dy[jt].astype(f32))
+    out["d_w_gate_up"] = np.asarray(dgu[:, jnp.asarray(probe.h_rows)])
+    out["d_w_down"] = np.asarray(dd[:, jnp.asarray(probe.f_rows)])
+    return out
 
 
 def compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], dtype) -> dict:

@@ -9,6 +9,7 @@ import os
 from benchmarks.problems import MEMORY_BOUND_SHAPES
 
 PEERS = ("B1", "B2", "B3")
+COLORS = {"jax_mok": "tab:blue", "B1": "tab:orange", "B2": "tab:green", "B3": "tab:red"}
 STATUS_LABEL = {"OOM": "OOM", "check_failed": "check ✗", "error": "error", "crash": "crash",
                 "timeout": "timeout", "skipped": "skipped", "unavailable": "n/a"}
 
@@ -153,15 +154,15 @@ def chart(result: dict, path: str) -> None:
                 elif r is not None:
                     ax.text(x, 0, STATUS_LABEL.get(r.get("status"), "?"), rotation=90,
                             ha="center", va="bottom", fontsize=7)
-            ax.bar(xs, heights, width, label=impl)
+            ax.bar(xs, heights, width, label=impl, color=COLORS.get(impl))
         if ceiling and not math.isnan(ceiling):
             ax.axhline(ceiling, color="gray", linestyle="--", linewidth=0.8,
-                       label=f"bf16 matmul {ceiling:.0f}")
+                       label=f"bf16 matmul ceiling {ceiling:.3g}")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([f"{s}\n{r}" for s, r in groups])
         ax.set_ylabel("TFLOP/s (routed)")
         ax.set_title(f"{passname}")
-        ax.legend(fontsize=8, ncol=len(impls) + 1)
+        ax.legend(fontsize=8, ncol=len(impls) + 1, loc="upper left")
     machine = result["meta"].get("machine", {})
     fig.suptitle(f"jax_mok vs peers — {machine.get('gpu_name') or machine.get('device_kind', '')}"
                  f" — {result['meta'].get('git_commit', '')[:10]}")

@@ -124,6 +124,7 @@ class Orchestrator:
         self.env["PYTHONPATH"] = os.pathsep.join(
             [REPO_ROOT] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else []))
         os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+        self.machine: dict = {}
 
     def _spec(self, task: str, shape: str | None, skip: list[str], events: str) -> dict:
         a = self.args
@@ -180,7 +181,9 @@ class Orchestrator:
             log.close()
             started = None
             for e in _read_events(events_path):
-                if e["event"] == "start":
+                if e["event"] == "machine" and not self.machine:
+                    self.machine = {k: v for k, v in e.items() if k != "event"}
+                elif e["event"] == "start":
                     started = e["key"]
                 elif e["event"] == "record":
                     e.pop("event")
@@ -247,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict] = []
     for shape in args.shapes:
         records += orch.shape(shape)
+    machine = machine or orch.machine
     protocol = (not args.quick and args.scale_tokens == 1.0 and args.scale_model == 1.0
                 and args.iters >= 20 and args.warmup >= 3 and args.sets >= 2)
     result = {

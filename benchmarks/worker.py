@@ -213,6 +213,14 @@ class ShapeRunner:
 
         from benchmarks import peers_jax, problems
 
+        if item["impl"] == "jax_mok":
+            from jax_mok import _ffi
+
+            module = _ffi.cuda_module() if self.platform == "gpu" else _ffi.cpu_module()
+            if module is None:
+                record["status"] = "unavailable"
+                record["reason"] = f"jax_mok kernels for {self.platform} are not built"
+                return
         capacity = None
         if item["impl"] == "B2":
             capacity = peers_jax.b2_capacity(problem.max_count)
@@ -259,6 +267,7 @@ class ShapeRunner:
         spec = self.spec
         skip = set(spec.get("skip", []))
         items = shape_items(spec["shape"], spec["routings"], spec["passes"], spec["impls"])
+        self.events.emit({"event": "machine", **machine_info()})
         for item in items:
             if item["key"] in skip:
                 continue

@@ -1,0 +1,50 @@
+"""Smoke test of the benchmark harness: a tiny CPU run of ``python -m benchmarks.run``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(REPO_ROOT, "benchmarks")),
+                    reason="benchmarks/ is not part of this checkout")
+def test_quick_cpu_run_writes_checked_results(tmp_path):
+    out = tmp_path / "bench"
+    cmd = [
+        sys.executable, "-m", "benchmarks.run", "--quick", "--shapes", "S6",
+        "--impls", "jax_mok,B1,B2", "--routing", "balanced", "--passes", "fwd,fwdbwd",
+        "--scale-tokens", "0.008", "--scale-model", "0.0625", "--iters", "2",
+        "--budget-s", "120", "--out", str(out),
+    ]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    for name in ("results.json", "results.md", "results.png"):
+        assert (out / name).is_file(), f"{name} missing; stdout:\n{proc.stdout[-2000:]}"
+
+    result = json.loads((out / "results.json").read_text())
+    records = result["records"]
+    keys = {(r["impl"], r["pass"]) for r in records}
+    assert keys == {(i, p) for i in ("jax_mok", "B1", "B2") for p in ("fwd", "fwdbwd")}, keys
+    for r in records:
+        assert r["status"] == "ok", f"{r['key']}: {r['status']} {r.get('reason')}"
+        assert r["check"]["passed"] and r["check"]["max_error"] <= r["check"]["tolerance"]
+        assert len(r["times_ms"]) == 2 and r["tflops"] > 0
+        assert r["tokens"] == round(8192 * 0.008) and r["hidden"] == 128
+    assert set(records[0]["check"]["errors"]) >= {"y"}
+    fwdbwd = next(r for r in records if r["pass"] == "fwdbwd")
+    assert set(fwdbwd["check"]["errors"]) == {"y", "dx", "d_topk_weights", "d_w_gate_up",
+                                              "d_w_down"}
+    assert result["ceilings"]["matmul_tflops"] > 0 and result["ceilings"]["hbm_gbps"] > 0
+    assert result["meta"]["machine"]["platform"] == "cpu"
+    assert {s["peer"] for s in result["speedups"]} == {"B1", "B2"}
+
+    table = (out / "results.md").read_text()
+    assert "| S6 | balanced | fwdbwd |" in table and "vs B2" in table
