@@ -170,11 +170,12 @@ class Orchestrator:
 
         items = shape_items(shape, self.args.routing, self.args.passes, self.args.impls)
         records: dict[str, dict] = {}
-        events_path = os.path.join(self.out_dir, "logs", f"{shape}.jsonl")
+        failure = "not run (worker failed repeatedly)"
         for attempt in range(4):
             left = [i for i in items if i["key"] not in records]
             if not left or time.time() > self.deadline:
                 break
+            events_path = os.path.join(self.out_dir, "logs", f"{shape}-{attempt}.jsonl")
             proc, log = self._launch(shape, self._spec("shape", shape, list(records),
                                                        events_path), attempt)
             rc, killed_key = self._watch(proc, events_path)
@@ -200,14 +201,14 @@ class Orchestrator:
                 print(f"{started}: {status} (exit {rc}); log {log.name}:\n{_tail(log.name)}",
                       flush=True)
             elif rc != RESTART_EXIT_CODE:
-                print(f"{shape} worker exit {rc} outside an item; log {log.name}:\n"
-                      f"{_tail(log.name)}", flush=True)
-                if killed_key is None and started is None:
-                    break  # it failed before its first item: a restart would fail again
+                failure = f"worker exit {rc} outside an item: {_tail(log.name, 4)[-400:]}"
+                print(f"{shape}: {failure}", flush=True)
+                if started is None:
+                    break  # it fails before any item: a restart would fail the same way
         for item in items:
             if item["key"] not in records:
                 reason = ("time budget (--budget-s) used up" if time.time() > self.deadline
-                          else "not run (worker failed repeatedly)")
+                          else failure)
                 records[item["key"]] = {**item, "status": "skipped", "reason": reason}
         return [records[i["key"]] for i in items]
 
