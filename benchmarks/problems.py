@@ -249,7 +249,17 @@ def _reference_vjp(x, local_ids, tw, w_gate_up, w_down, dy):
     return y, vjp(dy)
 
 
-_reference_jit = jax.jit(_reference_vjp)
+@jax.jit
+def _reference_token_outputs(x, local_ids, tw, w_gate_up, w_down, dy):
+    """``(y, dx, d_w)`` only, so that XLA drops the unused weight gradients."""
+    y, (dx, dtw, _, _) = _reference_vjp(x, local_ids, tw, w_gate_up, w_down, dy)
+    return y, dx, dtw
+
+
+@jax.jit
+def _reference_weight_grads(x, local_ids, tw, w_gate_up, w_down, dy):
+    _, (_, _, dgu, dd) = _reference_vjp(x, local_ids, tw, w_gate_up, w_down, dy)
+    return dgu, dd
 
 
 def reference_probe(problem: Problem, probe: Probe,
@@ -281,7 +291,7 @@ def reference_probe(problem: Problem, probe: Probe,
             slots[:touched.size] = touched
             local_ids = np.searchsorted(touched, ids).astype(np.int32)
             jt, je = jnp.asarray(tok), jnp.asarray(slots)
-            y, (dx, dtw, _, _) = _reference_jit(
+            y, dx, dtw = _reference_token_outputs(
                 s0.x[jt].astype(f32), jnp.asarray(local_ids), s0.weights[jt],
                 s0.w_gate_up[je].astype(f32), s0.w_down[je].astype(f32), s0.dy[jt].astype(f32))
             ys.append(np.asarray(y))
@@ -296,7 +306,7 @@ def reference_probe(problem: Problem, probe: Probe,
         for q, e in enumerate(probe.experts):
             local[ids == e] = q
         jt, je = jnp.asarray(tokens), jnp.asarray(probe.experts)
-        _, (_, _, dgu, dd) = _reference_jit(
+        dgu, dd = _reference_weight_grads(
             s0.x[jt].astype(f32), jnp.asarray(local), s0.weights[jt],
             s0.w_gate_up[je].astype(f32), s0.w_down[je].astype(f32), s0.dy[jt].astype(f32))
     out["d_w_gate_up"] = np.asarray(dgu[:, jnp.asarray(probe.h_rows)])
