@@ -1,13 +1,17 @@
 """Expert parallelism (jax_mok.sharding, transport "xla") on forced CPU devices.
 
 Each case compares ``jax_mok.moe`` on a mesh against the single-device call: values, aux and the
-gradients of x and every weight, within ``jax_mok.testing.tolerance``. tests/conftest.py asks for
-8 CPU devices.
+gradients of x and every weight, within ``jax_mok.testing.tolerance``.
+
+Needs 8 CPU devices: asked for here, at import (collection time, before any test has created the
+CPU backend), unless ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` already does it. If a
+module collected earlier created the backend first, the tests skip and say so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -19,11 +23,22 @@ from jax.sharding import PartitionSpec as P
 import jax_mok
 from jax_mok import sharding, testing
 
+CPU_DEVICES = 8
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    try:
+        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
+    except RuntimeError:  # the CPU backend exists already; _cpu_devices() skips with the reason
+        pass
+
 
 def _cpu_devices(n: int) -> list:
     devices = jax.devices("cpu")
     if len(devices) < n:
-        pytest.skip(f"needs {n} CPU devices, have {len(devices)} (see tests/conftest.py)")
+        pytest.skip(
+            f"needs {n} CPU devices, have {len(devices)}: the CPU backend was created before this "
+            "module could set jax_num_cpu_devices; run with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={CPU_DEVICES}"
+        )
     return devices[:n]
 
 
