@@ -2,7 +2,8 @@
 # Build jax_mok on a bare GPU machine (no network), run the GPU tests, time the CUDA kernels,
 # run the benchmark harness when it exists, and print a short table last.
 #   OUT=/some/dir tools/gpu_check.sh [quick|kernels|full]   (quick: S1,S3,S6 kernel timings;
-#   kernels: all shapes; full: + python -m benchmarks.run $BENCH_ARGS). Outputs land in $OUT.
+#   kernels: all shapes; full: + python -m benchmarks.run $BENCH_ARGS; ncu: build, smoke and
+#   hardware counters of the forward GEMMs of S3 and S2). Outputs land in $OUT.
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,31 @@ for dt in (jnp.float32, jnp.bfloat16):
     print(dt.__name__, "rel errors", [f"{t._rel(g, r):.2e}" for g, r in zip(got, ref)], flush=True)
 PY
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "SMOKE FAILED: stopping"; exit 1; }
+
+if [ "$MODE" = ncu ]; then
+  # Hardware counters of the two forward GEMMs of S3 and S2 (balanced routing), one launch each.
+  step "ncu"
+  cat > /tmp/ncu_case.py <<'PY'
+import sys, jax, jax.numpy as jnp
+from jax_mok import autodiff
+T, H, F, E, k = {"S3": (16384, 4096, 14336, 8, 2), "S2": (8192, 7168, 2048, 256, 8)}[sys.argv[1]]
+ks = jax.random.split(jax.random.key(1), 4)
+x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
+u = min(E, 8)
+wgu = jnp.tile((jax.random.normal(ks[1], (u, H, 2 * F)) / H**0.5).astype(jnp.bfloat16), (E // u, 1, 1))
+wd = jnp.tile((jax.random.normal(ks[2], (u, F, H)) / F**0.5).astype(jnp.bfloat16), (E // u, 1, 1))
+w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
+f = jax.jit(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"))
+jax.block_until_ready(f(x, w, wgu, wd))
+PY
+  for s in S3 S2; do
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 ncu --clock-control none --kernel-name regex:wgmma_gemm --launch-count 2 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      python3 /tmp/ncu_case.py $s > "$OUT/ncu_$s.txt" 2>&1
+    grep -E "wgmma_gemm_kernel|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers" "$OUT/ncu_$s.txt" | head -40
+  done
+  exit 0
+fi
 
 step "GPU tests"
 JAX_MOK_REQUIRE_CUDA=1 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider \

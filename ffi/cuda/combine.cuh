@@ -42,8 +42,8 @@ __global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
 }
 
 template <class T>
-cudaError_t launch_combine(const float* parts, const int* assign_pos, T* out, int tokens,
-                           int top_k, int hidden, int num_sms, cudaStream_t stream) {
+cudaError_t launch_combine(const float* parts, const int* assign_pos, T* out, int tokens, int top_k,
+                           int hidden, int num_sms, cudaStream_t stream) {
   const int blocks = tokens < num_sms * 8 ? tokens : num_sms * 8;
   combine_rows_kernel<T><<<blocks, 256, 0, stream>>>(parts, assign_pos, out, tokens, top_k, hidden);
   return cudaGetLastError();

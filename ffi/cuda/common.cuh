@@ -15,16 +15,24 @@ using bf16 = __nv_bfloat16;
 template <class T>
 __device__ __forceinline__ float to_float(T v);
 template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
+__device__ __forceinline__ float to_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float to_float<bf16>(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float<bf16>(bf16 v) {
+  return __bfloat162float(v);
+}
 
 template <class T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ bf16 from_float<bf16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ bf16 from_float<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // Stores two consecutive output elements (one 4-byte store for bf16, 8-byte for f32).
 template <class T>
@@ -43,7 +51,8 @@ __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(
 // ------------------------------------------------------------------ accumulator fragments
 // The wgmma m64nNk16 f32 accumulator layout, which the SIMT path reproduces so that both share
 // one epilogue: a warpgroup owns 64 rows; value i of a thread sits at
-//   row = 16 * warp + lane / 4 + 8 * ((i >> 1) & 1),   col = 8 * (i >> 2) + 2 * (lane % 4) + (i & 1).
+//   row = 16 * warp + lane / 4 + 8 * ((i >> 1) & 1),   col = 8 * (i >> 2) + 2 * (lane % 4) + (i &
+//   1).
 __host__ __device__ __forceinline__ int frag_row(int i, int thread_in_wg) {
   return 16 * (thread_in_wg >> 5) + ((thread_in_wg & 31) >> 2) + 8 * ((i >> 1) & 1);
 }

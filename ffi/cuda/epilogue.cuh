@@ -35,7 +35,8 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
     }
   } else if constexpr (kEpi == Epi::kSwiGLUBwd) {
     // acc = g = dy_t @ Wd^T for columns f of F. With h = [h_gate | h_up] recomputed:
-    //   a = silu(hg) hu,  d_w += <g, a>,  d_a = w g,  dh_gate = d_a hu silu'(hg),  dh_up = d_a silu(hg)
+    //   a = silu(hg) hu,  d_w += <g, a>,  d_a = w g,  dh_gate = d_a hu silu'(hg),  dh_up = d_a
+    //   silu(hg)
     const int F = p.N;
     float dw_rows[2] = {0.f, 0.f};
 #pragma unroll

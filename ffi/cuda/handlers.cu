@@ -10,71 +10,12 @@
 #include <type_traits>
 
 #include "common/problem.h"
-#include "cuda/combine.cuh"
 #include "cuda/handlers.h"
-#include "cuda/simt.cuh"
-#ifdef JAX_MOK_HAVE_CUTLASS
-#include "cuda/mainloop.cuh"
-#endif
+#include "cuda/moe.cuh"
+#include "cuda/status.cuh"
 
 namespace mok::cuda {
 namespace {
-
-namespace ffi = xla::ffi;
-
-// Error text without iostreams: a libstdc++ linked statically into this module (seen with the
-// GPU machine's toolchain) crashes in std::ostream's locale facets inside XLA's process.
-inline void Append(std::string& s, const char* v) { s += v; }
-inline void Append(std::string& s, const std::string& v) { s += v; }
-template <class N, std::enable_if_t<std::is_arithmetic_v<N>, int> = 0>
-void Append(std::string& s, N v) { s += std::to_string(v); }
-template <class... Args>
-std::string Msg(const Args&... args) {
-  std::string s;
-  (Append(s, args), ...);
-  return s;
-}
-
-#define MOK_CUDA_CHECK(cond, ...)                                                  \
-  do {                                                                             \
-    if (!(cond)) return ffi::Error::InvalidArgument(Msg("jax_mok: ", __VA_ARGS__)); \
-  } while (0)
-
-#define MOK_CUDA_RETURN(expr)                                                            \
-  do {                                                                                   \
-    cudaError_t mok_err_ = (expr);                                                       \
-    if (mok_err_ != cudaSuccess)                                                         \
-      return ffi::Error::Internal(                                                       \
-          Msg("jax_mok CUDA: ", #expr, " failed: ", cudaGetErrorString(mok_err_)));      \
-  } while (0)
-
-// JAX_MOK_CUDA_DEBUG_SYNC=1: synchronize after every phase and name the phase that failed
-// (debugging only: a host sync per phase).
-bool DebugSync() {
-  static const bool on = [] {
-    const char* env = std::getenv("JAX_MOK_CUDA_DEBUG_SYNC");
-    return env && env[0] == '1';
-  }();
-  return on;
-}
-
-ffi::Error Stage(const char* name, cudaError_t launched, cudaStream_t stream) {
-  if (launched != cudaSuccess)
-    return ffi::Error::Internal(
-        Msg("jax_mok CUDA: launching ", name, " failed: ", cudaGetErrorString(launched)));
-  if (DebugSync()) {
-    std::fprintf(stderr, "jax_mok CUDA: %s ...", name);
-    const cudaError_t err = cudaStreamSynchronize(stream);
-    std::fprintf(stderr, " %s\n", cudaGetErrorString(err));
-    if (err != cudaSuccess)
-      return ffi::Error::Internal(Msg("jax_mok CUDA: ", name, " failed: ", cudaGetErrorString(err)));
-  }
-  return ffi::Error::Success();
-}
-
-struct DeviceInfo {
-  int major = 0, minor = 0, sms = 0;
-};
 
 ffi::Error GetDevice(int32_t ordinal, DeviceInfo* info) {
   static std::mutex mu;
@@ -91,218 +32,20 @@ ffi::Error GetDevice(int32_t ordinal, DeviceInfo* info) {
   if (c.major != 9) {
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
                       Msg("jax_mok CUDA kernels are built for sm_90a (Hopper, compute "
-                             "capability 9.0); device ",
-                             ordinal, " has compute capability ", c.major, ".", c.minor,
-                             ". Use implementation=\"reference\" on this GPU."));
+                          "capability 9.0); device ",
+                          ordinal, " has compute capability ", c.major, ".", c.minor,
+                          ". Use implementation=\"reference\" on this GPU."));
   }
   return ffi::Error::Success();
-}
-
-bool UseWgmma(ffi::DataType dtype) {
-#ifdef JAX_MOK_HAVE_CUTLASS
-  if (dtype != ffi::DataType::BF16) return false;
-  const char* env = std::getenv("JAX_MOK_CUDA_GEMM");
-  return !(env && std::strcmp(env, "simt") == 0);
-#else
-  (void)dtype;
-  return false;
-#endif
-}
-
-template <class T, Mode kMode, Epi kEpi>
-cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t stream) {
-#ifdef JAX_MOK_HAVE_CUTLASS
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (wgmma) return launch_wgmma_gemm<kMode, kEpi>(p, sms, stream);
-  }
-#endif
-  (void)wgmma;
-  return launch_simt_gemm<T, kMode, kEpi>(p, sms, stream);
-}
-
-// Bump allocator over one scratch allocation.
-struct Carve {
-  char* base = nullptr;
-  size_t used = 0;
-  template <class U>
-  U* take(int64_t count) {
-    U* out = reinterpret_cast<U*>(base + used);
-    used += (sizeof(U) * static_cast<size_t>(count) + 255) & ~size_t{255};
-    return out;
-  }
-};
-
-// XLA's FFI scratch allocator accepts alignments up to 16 bytes: over-allocate and align to 256.
-ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, char** base) {
-  auto mem = scratch.Allocate(bytes + 256, 16);
-  MOK_CUDA_CHECK(mem.has_value(), "could not allocate ", bytes, " bytes of device scratch");
-  const uintptr_t p = reinterpret_cast<uintptr_t>(*mem);
-  *base = reinterpret_cast<char*>((p + 255) & ~uintptr_t{255});
-  return ffi::Error::Success();
-}
-
-inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
-
-// Sizes the routing part of the scratch (pass base = nullptr to measure).
-Routing CarveRouting(Carve& c, const Problem& pr, const int* topk_ids) {
-  Routing r{};
-  r.topk_ids = topk_ids;
-  r.assignments = static_cast<int>(pr.assignments());
-  r.experts = static_cast<int>(pr.experts);
-  r.top_k = static_cast<int>(pr.top_k);
-  r.chunks = CeilDiv(r.assignments, kRouteChunk);
-  r.chunk_counts = c.take<int>(static_cast<int64_t>(r.chunks) * r.experts);
-  r.expert_offset = c.take<int>(r.experts + 1);
-  r.mtile_prefix = c.take<int>(r.experts + 1);
-  r.sorted_token = c.take<int>(r.assignments);
-  r.sorted_slot = c.take<int>(r.assignments);
-  r.assign_pos = c.take<int>(r.assignments);
-  return r;
-}
-
-GemmParams RoutedParams(const Routing& r, const float* topk_weights) {
-  GemmParams p{};
-  p.expert_offset = r.expert_offset;
-  p.mtile_prefix = r.mtile_prefix;
-  p.sorted_token = r.sorted_token;
-  p.sorted_slot = r.sorted_slot;
-  p.experts = r.experts;
-  p.topk_weights = topk_weights;
-  return p;
 }
 
 ffi::Error CheckCommon(const Problem& pr) {
   MOK_CUDA_CHECK(pr.hidden % 8 == 0 && pr.ffn % 8 == 0,
-            "the CUDA kernels need H and F to be multiples of 8 (16-byte rows), got H=", pr.hidden,
-            " F=", pr.ffn);
-  MOK_CUDA_CHECK(pr.assignments() < (int64_t{1} << 30), "T*k must be < 2^30, got ", pr.assignments());
+                 "the CUDA kernels need H and F to be multiples of 8 (16-byte rows), got H=",
+                 pr.hidden, " F=", pr.ffn);
+  MOK_CUDA_CHECK(pr.assignments() < (int64_t{1} << 30), "T*k must be < 2^30, got ",
+                 pr.assignments());
   MOK_CUDA_CHECK(pr.experts < (1 << 20), "E must be < 2^20, got ", pr.experts);
-  return ffi::Error::Success();
-}
-
-template <class T>
-ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
-                   const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
-                   const T* wd, T* y) {
-  const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
-  auto layout = [&](Carve& c, Routing* r, T** act, float** y_part) {
-    *r = CarveRouting(c, pr, ids);
-    *act = c.take<T>(TK * F);        // [P, F]
-    *y_part = c.take<float>(TK * H);  // [P, H]
-  };
-  Carve probe;
-  Routing r;
-  T* act;
-  float* y_part;
-  layout(probe, &r, &act, &y_part);
-  char* base;
-  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
-  Carve c{base};
-  layout(c, &r, &act, &y_part);
-
-  const bool wgmma = UseWgmma(pr.dtype);
-  const int bn = wgmma ? kWgmmaBN : kSimtBN;
-  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
-
-  GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
-  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
-  g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
-  g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
-  g1.out = act, g1.ldo = F;
-  MOK_RETURN_IF_ERROR(Stage("gate/up GEMM + SwiGLU", LaunchGemm<T, Mode::kRoutedBN, Epi::kSwiGLU>(g1, wgmma, dev.sms, stream), stream));
-
-  GemmParams g2 = RoutedParams(r, w);  // y_part = w · (a @ Wd[e])
-  g2.N = H, g2.K = F, g2.n_tiles = CeilDiv(H, bn);
-  g2.a = act, g2.lda = F;
-  g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
-  g2.out = y_part, g2.ldo = H;
-  MOK_RETURN_IF_ERROR(Stage("down GEMM x weight", LaunchGemm<T, Mode::kRoutedBN, Epi::kWeighted>(g2, wgmma, dev.sms, stream), stream));
-
-  MOK_RETURN_IF_ERROR(Stage("combine y",
-                            launch_combine<T>(y_part, r.assign_pos, y, static_cast<int>(pr.tokens),
-                                              static_cast<int>(pr.top_k), static_cast<int>(H),
-                                              dev.sms, stream),
-                            stream));
-  return ffi::Error::Success();
-}
-
-template <class T>
-ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
-                    const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
-                    const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd) {
-  const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
-  const bool wgmma = UseWgmma(pr.dtype);
-  const int bn = wgmma ? kWgmmaBN : kSimtBN;
-  const int g_tiles = CeilDiv(F, bn);
-  struct Buffers {
-    Routing r;
-    float* h;        // [P, 2F] recomputed gate/up pre-activations
-    T* dh;           // [P, 2F]
-    T* aw;           // [P, F]  w · a
-    float* dx_part;  // [P, H]
-    float* dw_part;  // [P, g_tiles]
-  } b;
-  auto layout = [&](Carve& c) {
-    b.r = CarveRouting(c, pr, ids);
-    b.h = c.take<float>(TK * 2 * F);
-    b.dh = c.take<T>(TK * 2 * F);
-    b.aw = c.take<T>(TK * F);
-    b.dx_part = c.take<float>(TK * H);
-    b.dw_part = c.take<float>(TK * g_tiles);
-  };
-  Carve probe;
-  layout(probe);
-  char* base;
-  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
-  Carve c{base};
-  layout(c);
-  const Routing& r = b.r;
-  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
-
-  GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored f32)
-  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
-  g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
-  g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
-  g1.out = b.h, g1.ldo = 2 * F;
-  MOK_RETURN_IF_ERROR(Stage("gate/up GEMM (recompute)", LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream), stream));
-
-  GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
-  g2.N = F, g2.K = H, g2.n_tiles = g_tiles;
-  g2.a = dy, g2.lda = H, g2.a_gather = r.sorted_token;
-  g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
-  g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
-  MOK_RETURN_IF_ERROR(Stage("dy Wd^T GEMM + SwiGLU bwd", LaunchGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(g2, wgmma, dev.sms, stream), stream));
-
-  GemmParams g3 = RoutedParams(r, w);  // dx_part = dh @ Wgu[e]^T
-  g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, bn);
-  g3.a = b.dh, g3.lda = 2 * F;
-  g3.b = wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
-  g3.out = b.dx_part, g3.ldo = H;
-  MOK_RETURN_IF_ERROR(Stage("dh Wgu^T GEMM", LaunchGemm<T, Mode::kRoutedBK, Epi::kStoreF32>(g3, wgmma, dev.sms, stream), stream));
-
-  MOK_RETURN_IF_ERROR(Stage("combine dx",
-                            launch_combine<T>(b.dx_part, r.assign_pos, dx,
-                                              static_cast<int>(pr.tokens),
-                                              static_cast<int>(pr.top_k), static_cast<int>(H),
-                                              dev.sms, stream),
-                            stream));
-  reduce_dw_kernel<<<CeilDiv(TK, 256), 256, 0, stream>>>(b.dw_part, r.assign_pos, d_w,
-                                                         static_cast<int>(TK), g_tiles);
-  MOK_RETURN_IF_ERROR(Stage("reduce d_w", cudaGetLastError(), stream));
-
-  GemmParams g4 = RoutedParams(r, w);  // dWd[e] = (w·a)^T dy[tok]    [F, H]
-  g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, bn);
-  g4.a = b.aw, g4.lda = F;
-  g4.b = dy, g4.ldb = H, g4.b_gather = r.sorted_token;
-  g4.out = d_wd, g4.ldo = H;
-  MOK_RETURN_IF_ERROR(Stage("dWd GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g4, wgmma, dev.sms, stream), stream));
-
-  GemmParams g5 = RoutedParams(r, w);  // dWgu[e] = x[tok]^T dh          [H, 2F]
-  g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, bn);
-  g5.a = x, g5.lda = H, g5.a_gather = r.sorted_token;
-  g5.b = b.dh, g5.ldb = 2 * F;
-  g5.out = d_wgu, g5.ldo = 2 * F;
-  MOK_RETURN_IF_ERROR(Stage("dWgu GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g5, wgmma, dev.sms, stream), stream));
   return ffi::Error::Success();
 }
 
@@ -311,7 +54,7 @@ ffi::Error CheckSameShape(const char* name, const ffi::AnyBuffer& a, int64_t d0,
   auto d = a.dimensions();
   MOK_CUDA_CHECK(d.size() == 2 && d[0] == d0 && d[1] == d1, name, " must be [", d0, ", ", d1, "]");
   MOK_CUDA_CHECK(a.element_type() == dtype, name, " must have dtype ", DtypeName(dtype), ", got ",
-            DtypeName(a.element_type()));
+                 DtypeName(a.element_type()));
   return ffi::Error::Success();
 }
 
@@ -324,8 +67,9 @@ ffi::Error MoeFwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
   MOK_RETURN_IF_ERROR(CheckSameShape("y", *y, pr.tokens, pr.hidden, pr.dtype));
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
-  if (DebugSync()) std::fprintf(stderr, "jax_mok CUDA: fwd T=%ld H=%ld F=%ld E=%ld k=%ld\n",
-                                (long)pr.tokens, (long)pr.hidden, (long)pr.ffn, (long)pr.experts, (long)pr.top_k);
+  if (DebugSync())
+    std::fprintf(stderr, "jax_mok CUDA: fwd T=%ld H=%ld F=%ld E=%ld k=%ld\n", (long)pr.tokens,
+                 (long)pr.hidden, (long)pr.ffn, (long)pr.experts, (long)pr.top_k);
   if (pr.tokens == 0) return ffi::Error::Success();
   const int* id = static_cast<const int*>(ids.untyped_data());
   const float* wt = static_cast<const float*>(w.untyped_data());
@@ -353,9 +97,9 @@ ffi::Error MoeBwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
   MOK_RETURN_IF_ERROR(
       CheckSameShape("d_topk_weights", *d_w, pr.tokens, pr.top_k, ffi::DataType::F32));
   MOK_CUDA_CHECK(d_wgu->element_count() == wgu.element_count() && d_wgu->element_type() == pr.dtype,
-            "d_w_gate_up must match w_gate_up");
+                 "d_w_gate_up must match w_gate_up");
   MOK_CUDA_CHECK(d_wd->element_count() == wd.element_count() && d_wd->element_type() == pr.dtype,
-            "d_w_down must match w_down");
+                 "d_w_down must match w_down");
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
   if (pr.tokens == 0) {
@@ -368,20 +112,18 @@ ffi::Error MoeBwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
   float* dw = static_cast<float*>(d_w->untyped_data());
   if (pr.dtype == ffi::DataType::BF16) {
     using T = bf16;
-    return Backward<T>(stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
-                       static_cast<const T*>(x.untyped_data()), id, wt,
-                       static_cast<const T*>(wgu.untyped_data()),
-                       static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx->untyped_data()),
-                       dw, static_cast<T*>(d_wgu->untyped_data()),
-                       static_cast<T*>(d_wd->untyped_data()));
+    return Backward<T>(
+        stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
+        static_cast<const T*>(x.untyped_data()), id, wt, static_cast<const T*>(wgu.untyped_data()),
+        static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx->untyped_data()), dw,
+        static_cast<T*>(d_wgu->untyped_data()), static_cast<T*>(d_wd->untyped_data()));
   }
   using T = float;
-  return Backward<T>(stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
-                     static_cast<const T*>(x.untyped_data()), id, wt,
-                     static_cast<const T*>(wgu.untyped_data()),
-                     static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx->untyped_data()),
-                     dw, static_cast<T*>(d_wgu->untyped_data()),
-                     static_cast<T*>(d_wd->untyped_data()));
+  return Backward<T>(
+      stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
+      static_cast<const T*>(x.untyped_data()), id, wt, static_cast<const T*>(wgu.untyped_data()),
+      static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx->untyped_data()), dw,
+      static_cast<T*>(d_wgu->untyped_data()), static_cast<T*>(d_wd->untyped_data()));
 }
 
 }  // namespace
@@ -409,25 +151,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCuda, mok::cuda::MoeFwd,
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::ScratchAllocator>()
                                   .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()   // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>()); // y [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
+                                  .Ret<xla::ffi::AnyBuffer>());  // y [T, H]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCuda, mok::cuda::MoeBwd,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::ScratchAllocator>()
                                   .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()   // dy [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()   // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>()   // dx [T, H]
-                                  .Ret<xla::ffi::AnyBuffer>()   // d_topk_weights [T, k] f32
-                                  .Ret<xla::ffi::AnyBuffer>()   // d_w_gate_up [E, H, 2F]
-                                  .Ret<xla::ffi::AnyBuffer>()); // d_w_down [E, F, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // dy [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
+                                  .Ret<xla::ffi::AnyBuffer>()    // dx [T, H]
+                                  .Ret<xla::ffi::AnyBuffer>()    // d_topk_weights [T, k] f32
+                                  .Ret<xla::ffi::AnyBuffer>()    // d_w_gate_up [E, H, 2F]
+                                  .Ret<xla::ffi::AnyBuffer>());  // d_w_down [E, F, H]

@@ -7,9 +7,9 @@
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
 #pragma once
 
-#include <cute/tensor.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
 
 #include "cuda/epilogue.cuh"
 
@@ -21,15 +21,20 @@ struct WgmmaConfig {
   static constexpr int kThreads = 384;
   static_assert(BN == kWgmmaBN, "handlers size n-tiles with kWgmmaBN");
   using Elem = cute::bfloat16_t;
-  static constexpr auto kMajorA = kMode == Mode::kRoutedK ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
-  static constexpr auto kMajorB = kMode == Mode::kRoutedBK ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
+  static constexpr auto kMajorA =
+      kMode == Mode::kRoutedK ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
+  static constexpr auto kMajorB =
+      kMode == Mode::kRoutedBK ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
   template <cute::GMMA::Major kMajor>
-  using Atom = std::conditional_t<kMajor == cute::GMMA::Major::K, cute::GMMA::Layout_K_SW128_Atom<Elem>,
-                                  cute::GMMA::Layout_MN_SW128_Atom<Elem>>;
+  using Atom =
+      std::conditional_t<kMajor == cute::GMMA::Major::K, cute::GMMA::Layout_K_SW128_Atom<Elem>,
+                         cute::GMMA::Layout_MN_SW128_Atom<Elem>>;
   using SmemLayoutA = decltype(cute::tile_to_shape(
-      Atom<kMajorA>{}, cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BM,BK,STAGES)
+      Atom<kMajorA>{},
+      cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BM,BK,STAGES)
   using SmemLayoutB = decltype(cute::tile_to_shape(
-      Atom<kMajorB>{}, cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BN,BK,STAGES)
+      Atom<kMajorB>{},
+      cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BN,BK,STAGES)
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));  // 2 warpgroups along M
@@ -106,8 +111,8 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
             const int r = (t >> 3) + 16 * i;
             const int n = w.n_tile * BN + r;
             const bool ok = n < p.N && k_ok;
-            cp_async_16(stage_b + swizzled<LB>(r, kc),
-                        ok ? b_e + (int64_t)n * p.ldb + k0 + kc : b, ok);
+            cp_async_16(stage_b + swizzled<LB>(r, kc), ok ? b_e + (int64_t)n * p.ldb + k0 + kc : b,
+                        ok);
           }
         }
         mbar_arrive_cp_async(&full[stage]);
@@ -173,8 +178,8 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   auto* full = reinterpret_cast<uint64_t*>(smem + Cfg::kRingBytes);
   uint64_t* empty = full + kStages;
   int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // [128] producer only
-  int* s_prefix = reinterpret_cast<int*>(s_rows + 128);            // [E+1]
-  int* s_offset = s_prefix + p.experts + 1;                 // [E+1]
+  int* s_prefix = reinterpret_cast<int*>(s_rows + 128);           // [E+1]
+  int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
 
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
     s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
@@ -234,9 +239,9 @@ template <Mode kMode, Epi kEpi>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
   using Cfg = WgmmaConfig<kMode>;
   const size_t smem = Cfg::smem_bytes(p.experts);
-  cudaError_t err = cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err =
+      cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   wgmma_gemm_kernel<kMode, kEpi><<<num_sms, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();

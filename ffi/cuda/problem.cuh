@@ -17,12 +17,12 @@ constexpr int kSimtBN = 128;   // output columns per SIMT tile (simt.cuh)
 enum class Mode { kRoutedBN, kRoutedBK, kRoutedK };
 
 enum class Epi {
-  kSwiGLU,      // a[p, f] = silu(h_gate) * h_up                       (x.dtype)
-  kWeighted,    // y_part[p, n] = w[p] * acc                              (f32)
-  kStoreGLU,    // h[p, f] = gate, h[p, F + f] = up                       (f32)
-  kSwiGLUBwd,   // from g = dy @ Wd^T and h: dh, w*a, partial d_w         (x.dtype, f32)
-  kStoreF32,    // out[p, n] = acc                                        (f32)
-  kStoreCast,   // dW_e[m, n] = acc                                       (weight dtype)
+  kSwiGLU,     // a[p, f] = silu(h_gate) * h_up                       (x.dtype)
+  kWeighted,   // y_part[p, n] = w[p] * acc                              (f32)
+  kStoreGLU,   // h[p, f] = gate, h[p, F + f] = up                       (f32)
+  kSwiGLUBwd,  // from g = dy @ Wd^T and h: dh, w*a, partial d_w         (x.dtype, f32)
+  kStoreF32,   // out[p, n] = acc                                        (f32)
+  kStoreCast,  // dW_e[m, n] = acc                                       (weight dtype)
 };
 
 struct GemmParams {
@@ -34,26 +34,26 @@ struct GemmParams {
   int experts;
   // sizes: routed-M uses N, K; routed-K uses M, N (K = rows of the expert)
   int M, N, K;
-  int n_tiles;               // output tiles along N
-  int m_tiles;               // routed-K only: tiles along M
-  bool glu;                  // B tile = [gate cols | up cols]; output N = F
-  int glu_offset;            // F: column offset of the up half inside B
+  int n_tiles;     // output tiles along N
+  int m_tiles;     // routed-K only: tiles along M
+  bool glu;        // B tile = [gate cols | up cols]; output N = F
+  int glu_offset;  // F: column offset of the up half inside B
   // operand A
   const void* a;
   int64_t lda;
-  const int* a_gather;       // row p of A is a[a_gather[p]] (nullptr: row p)
+  const int* a_gather;  // row p of A is a[a_gather[p]] (nullptr: row p)
   // operand B
   const void* b;
-  int64_t b_expert_stride;   // routed-M only
+  int64_t b_expert_stride;  // routed-M only
   int64_t ldb;
-  const int* b_gather;       // routed-K only
+  const int* b_gather;  // routed-K only
   // epilogue
-  void* out;                 // primary output
-  void* out2;                // secondary output (kSwiGLUBwd: w*a)
-  const float* h;            // kSwiGLUBwd: [P, 2F] recomputed pre-activations
-  const float* topk_weights; // [T*k]
-  float* dw_part;            // kSwiGLUBwd: [P, n_tiles]
-  int64_t ldo;               // leading dimension of `out`
+  void* out;                  // primary output
+  void* out2;                 // secondary output (kSwiGLUBwd: w*a)
+  const float* h;             // kSwiGLUBwd: [P, 2F] recomputed pre-activations
+  const float* topk_weights;  // [T*k]
+  float* dw_part;             // kSwiGLUBwd: [P, n_tiles]
+  int64_t ldo;                // leading dimension of `out`
 };
 
 template <int BN>
@@ -84,13 +84,15 @@ struct Operands {
     return static_cast<const T*>(p.a) + row * p.lda + k;
   }
   // B, routed-M, for tile column c and absolute k.
-  __device__ __forceinline__ static const T* b_routed(const GemmParams& p, int e, int n_tile,
-                                                      int c, int k) {
+  __device__ __forceinline__ static const T* b_routed(const GemmParams& p, int e, int n_tile, int c,
+                                                      int k) {
     const int col = TileCols<BN>::b_col(p, n_tile, c);
     if (col < 0 || k >= p.K) return nullptr;
     const T* base = static_cast<const T*>(p.b) + e * p.b_expert_stride;
-    if constexpr (kMode == Mode::kRoutedBN) return base + static_cast<int64_t>(k) * p.ldb + col;
-    else return base + static_cast<int64_t>(col) * p.ldb + k;
+    if constexpr (kMode == Mode::kRoutedBN)
+      return base + static_cast<int64_t>(k) * p.ldb + col;
+    else
+      return base + static_cast<int64_t>(col) * p.ldb + k;
   }
   // Routed-K: row `kk` (0-based inside the expert of `count` rows starting at `off`), column m/n.
   __device__ __forceinline__ static const T* a_wgrad(const GemmParams& p, int off, int count,
@@ -112,15 +114,17 @@ struct Operands {
 // A work item of either mode, decoded identically by producer and consumers.
 struct WorkTile {
   int expert;
-  int row0, rows;   // routed-M: positions; routed-K: m0 and valid m rows
+  int row0, rows;  // routed-M: positions; routed-K: m0 and valid m rows
   int n_tile;
-  int k_off, k_len; // routed-K: the expert's first position and count; routed-M: 0, K
+  int k_off, k_len;  // routed-K: the expert's first position and count; routed-M: 0, K
 };
 
 template <Mode kMode>
 __device__ __forceinline__ int total_tiles(const GemmParams& p, const int* s_prefix) {
-  if constexpr (kMode == Mode::kRoutedK) return p.experts * p.m_tiles * p.n_tiles;
-  else return s_prefix[p.experts] * p.n_tiles;
+  if constexpr (kMode == Mode::kRoutedK)
+    return p.experts * p.m_tiles * p.n_tiles;
+  else
+    return s_prefix[p.experts] * p.n_tiles;
 }
 
 template <Mode kMode>

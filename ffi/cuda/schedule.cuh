@@ -10,21 +10,21 @@
 
 namespace mok::cuda {
 
-constexpr int kRouteChunk = 1024;   // assignments per warp in count/place
-constexpr int kRouteWarps = 8;      // warps per block in count/place
-constexpr int kTileM = 128;         // rows per GEMM tile (both paths)
+constexpr int kRouteChunk = 1024;  // assignments per warp in count/place
+constexpr int kRouteWarps = 8;     // warps per block in count/place
+constexpr int kTileM = 128;        // rows per GEMM tile (both paths)
 
 struct Routing {
-  const int* topk_ids;   // [T*k]
-  int assignments;       // T*k
-  int experts;           // E
-  int chunks;            // ceil(T*k / kRouteChunk)
-  int* chunk_counts;     // [chunks, E] (zeroed before count)
-  int* expert_offset;    // [E+1] first sorted position of each expert; [E] = valid total
-  int* mtile_prefix;     // [E+1] exclusive prefix of ceil(count_e / kTileM)
-  int* sorted_token;     // [T*k] token of each sorted position
-  int* sorted_slot;      // [T*k] assignment index t*k+j of each sorted position
-  int* assign_pos;       // [T*k] sorted position of each assignment, -1 when skipped
+  const int* topk_ids;  // [T*k]
+  int assignments;      // T*k
+  int experts;          // E
+  int chunks;           // ceil(T*k / kRouteChunk)
+  int* chunk_counts;    // [chunks, E] (zeroed before count)
+  int* expert_offset;   // [E+1] first sorted position of each expert; [E] = valid total
+  int* mtile_prefix;    // [E+1] exclusive prefix of ceil(count_e / kTileM)
+  int* sorted_token;    // [T*k] token of each sorted position
+  int* sorted_slot;     // [T*k] assignment index t*k+j of each sorted position
+  int* assign_pos;      // [T*k] sorted position of each assignment, -1 when skipped
   int top_k;
 };
 
@@ -72,7 +72,8 @@ __global__ void route_scan_kernel(Routing r) {
     const int e = e0 + threadIdx.x;
     int count = 0;
     if (e < r.experts)
-      for (int c = 0; c < r.chunks; ++c) count += r.chunk_counts[static_cast<int64_t>(c) * r.experts + e];
+      for (int c = 0; c < r.chunks; ++c)
+        count += r.chunk_counts[static_cast<int64_t>(c) * r.experts + e];
     // Block-wide exclusive scan of (count, tiles), packed as two 32-bit lanes of one int64.
     const int tiles = (count + kTileM - 1) / kTileM;
     long long v = (static_cast<long long>(tiles) << 32) | static_cast<unsigned>(count);
@@ -161,13 +162,16 @@ struct RoutedTile {
 
 // `prefix` = mtile_prefix (in shared memory), n_tiles = output tiles along N.
 __device__ __forceinline__ RoutedTile decode_routed_tile(int tile, const int* prefix,
-                                                          const int* offset, int experts,
-                                                          int n_tiles) {
+                                                         const int* offset, int experts,
+                                                         int n_tiles) {
   // Largest e with prefix[e] * n_tiles <= tile (binary search over E+1 entries).
   int lo = 0, hi = experts;  // invariant: prefix[lo]*n <= tile < prefix[hi]*n
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
-    if (prefix[mid] * n_tiles <= tile) lo = mid; else hi = mid;
+    if (prefix[mid] * n_tiles <= tile)
+      lo = mid;
+    else
+      hi = mid;
   }
   const int m_tiles = prefix[lo + 1] - prefix[lo];
   const int local = tile - prefix[lo] * n_tiles;

@@ -14,8 +14,8 @@ template <class T, Mode kMode, Epi kEpi>
 __global__ void __launch_bounds__(kSimtThreads) simt_gemm_kernel(const GemmParams p) {
   constexpr int BM = kTileM, BN = kSimtBN, BK = kSimtBK;
   using Ops = Operands<T, kMode, BN>;
-  __shared__ float As[BK][BM];  // (BK, BM)
-  __shared__ float Bs[BK][BN];  // (BK, BN)
+  __shared__ float As[BK][BM];      // (BK, BM)
+  __shared__ float Bs[BK][BN];      // (BK, BN)
   extern __shared__ int s_route[];  // [2 * (E+1)]: mtile_prefix, expert_offset
   int* s_prefix = s_route;
   int* s_offset = s_route + p.experts + 1;
@@ -85,9 +85,9 @@ template <class T, Mode kMode, Epi kEpi>
 cudaError_t launch_simt_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
   const size_t smem = sizeof(int) * 2 * (p.experts + 1);
   if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(simt_gemm_kernel<T, kMode, kEpi>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
+    cudaError_t err =
+        cudaFuncSetAttribute(simt_gemm_kernel<T, kMode, kEpi>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
   simt_gemm_kernel<T, kMode, kEpi><<<num_sms * 4, kSimtThreads, smem, stream>>>(p);
