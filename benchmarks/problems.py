@@ -64,6 +64,12 @@ def skew_target(experts: int, top_k: int) -> float:
     return min(TARGET_HOT_SHARE, 0.8 * reachable)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _routing(key, tokens: int, experts: int, top_k: int, skew):
+    """``testing.random_routing`` under one jit (skew traced: one compilation per shape)."""
+    return testing.random_routing(key, tokens, experts, top_k, skew)
+
+
 @functools.cache
 def calibrate_skew(experts: int, top_k: int, sample_tokens: int = 2048) -> float:
     """The ``skew`` of ``testing.random_routing`` that gives ``skew_target`` (bisection)."""
@@ -72,7 +78,7 @@ def calibrate_skew(experts: int, top_k: int, sample_tokens: int = 2048) -> float
     lo, hi = 0.0, 30.0
     for _ in range(22):
         mid = 0.5 * (lo + hi)
-        ids, _ = testing.random_routing(key, sample_tokens, experts, top_k, mid)
+        ids, _ = _routing(key, sample_tokens, experts, top_k, mid)
         if hot_share(np.asarray(ids), experts) < target:
             lo = mid
         else:
@@ -80,22 +86,33 @@ def calibrate_skew(experts: int, top_k: int, sample_tokens: int = 2048) -> float
     return round(0.5 * (lo + hi), 3)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _normal_experts(key, shape: tuple, dtype, scale: float):
-    """``[E, ...]`` normal * scale in ``dtype``, generated one expert at a time.
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _expert_weights(key, dims: tuple, dtype):
+    """``(w_gate_up [E, H, 2F], w_down [E, F, H])``, normal with fan-in scaling.
 
-    Generating per expert keeps the float32 temporaries at one expert (S4's w_gate_up is 34 GB
-    in bf16; a float32 temporary of the whole tensor would not fit next to it).
+    Generated one expert at a time (``lax.map``) so that float32 temporaries stay at one expert:
+    S4's w_gate_up is 34 GB in bf16, and a float32 copy of it would not fit beside it.
     """
-    keys = jax.random.split(key, shape[0])
-    return jax.lax.map(
-        lambda k: (jax.random.normal(k, shape[1:], jnp.float32) * scale).astype(dtype), keys
-    )
+    E, H, F = dims
+
+    def one(k):
+        k_gu, k_d = jax.random.split(k)
+        gate_up = jax.random.normal(k_gu, (H, 2 * F), jnp.float32) / math.sqrt(H)
+        down = jax.random.normal(k_d, (F, H), jnp.float32) / math.sqrt(F)
+        return gate_up.astype(dtype), down.astype(dtype)
+
+    return jax.lax.map(one, jax.random.split(key, E))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key, shape: tuple, dtype):
-    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+def _token_inputs(key, dims: tuple, dtype, skew):
+    """``(x [T, H], ids [T, k], topk_weights [T, k], dy [T, H])`` for one input set."""
+    T, H, E, k = dims
+    k_x, k_r, k_dy = jax.random.split(key, 3)
+    ids, topk_weights = testing.random_routing(k_r, T, E, k, skew)
+    x = jax.random.normal(k_x, (T, H), jnp.float32).astype(dtype)
+    dy = jax.random.normal(k_dy, (T, H), jnp.float32).astype(dtype)
+    return x, ids, topk_weights, dy
 
 
 @dataclasses.dataclass
@@ -165,17 +182,14 @@ def make_problem(shape: testing.Shape, routing: str, *, dtype=jnp.bfloat16, num_
     key = jax.random.key(seed)
     sets, counts = [], []
     for i in range(num_sets):
-        kx, kr, kdy, kgu, kd = jax.random.split(jax.random.fold_in(key, i), 5)
+        k_tokens, k_weights = jax.random.split(jax.random.fold_in(key, i))
         if weights is not None:
             w_gate_up, w_down = weights
         elif i == 0 or rotate_weights:
-            w_gate_up = _normal_experts(kgu, (E, H, 2 * F), dtype, 1.0 / math.sqrt(H))
-            w_down = _normal_experts(kd, (E, F, H), dtype, 1.0 / math.sqrt(F))
-        ids, topk_weights = testing.random_routing(kr, T, E, k, skew)
-        sets.append(InputSet(
-            x=_normal(kx, (T, H), dtype), ids=ids, weights=topk_weights,
-            w_gate_up=w_gate_up, w_down=w_down, dy=_normal(kdy, (T, H), dtype),
-        ))
+            w_gate_up, w_down = _expert_weights(k_weights, (E, H, F), jnp.dtype(dtype))
+        x, ids, topk_weights, dy = _token_inputs(k_tokens, (T, H, E, k), jnp.dtype(dtype), skew)
+        sets.append(InputSet(x=x, ids=ids, weights=topk_weights, w_gate_up=w_gate_up,
+                             w_down=w_down, dy=dy))
         counts.append(np.bincount(np.asarray(ids).reshape(-1), minlength=E))
     return Problem(shape, routing, skew, jnp.dtype(dtype), sets, counts, rotate_weights)
 

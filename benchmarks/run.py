@@ -125,6 +125,7 @@ class Orchestrator:
             [REPO_ROOT] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else []))
         os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
         self.machine: dict = {}
+        self.ceilings: dict | None = None
 
     def _spec(self, task: str, shape: str | None, skip: list[str], events: str) -> dict:
         a = self.args
@@ -134,6 +135,8 @@ class Orchestrator:
             "dtype": a.dtype, "scale_tokens": a.scale_tokens, "scale_model": a.scale_model,
             "quick": a.quick, "deadline": self.deadline, "skip": skip, "events": events,
             "probe_tokens": 16 if a.quick else 48,
+            # the first worker measures the ceilings before its items (one process less)
+            "ceilings": not a.no_ceilings and self.ceilings is None,
         }
 
     def _launch(self, name: str, spec: dict, attempt: int):
@@ -144,25 +147,6 @@ class Orchestrator:
         cmd = [sys.executable, "-m", "benchmarks.run", "--_worker", spec_path]
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=self.env, stderr=log)
         return proc, log
-
-    def ceilings(self) -> tuple[dict, dict | None]:
-        events_path = os.path.join(self.out_dir, "logs", "ceilings.jsonl")
-        proc, log = self._launch("ceilings", self._spec("ceilings", None, [], events_path), 0)
-        try:
-            rc = proc.wait(timeout=max(60.0, self.args.item_timeout_s))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            rc = "timeout"
-        log.close()
-        events = _read_events(events_path)
-        machine = next((e for e in events if e["event"] == "machine"), {})
-        ceil = next((e for e in events if e["event"] == "ceilings"), None)
-        if rc != 0 or ceil is None:
-            print(f"ceilings worker failed ({rc}):\n{_tail(log.name)}", flush=True)
-        for e in (machine, ceil or {}):
-            e.pop("event", None)
-        return machine, ceil
 
     def shape(self, shape: str) -> list[dict]:
         """Runs one shape's items in workers, restarting after crashes; returns its records."""
@@ -184,6 +168,8 @@ class Orchestrator:
             for e in _read_events(events_path):
                 if e["event"] == "machine" and not self.machine:
                     self.machine = {k: v for k, v in e.items() if k != "event"}
+                elif e["event"] == "ceilings":
+                    self.ceilings = {k: v for k, v in e.items() if k != "event"}
                 elif e["event"] == "start":
                     started = e["key"]
                 elif e["event"] == "record":
@@ -247,11 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"benchmarks -> {out_dir}  (shapes {','.join(args.shapes)}; impls "
           f"{','.join(args.impls)}; {args.iters} iters, {args.warmup} warm-ups, {args.sets} "
           f"sets; budget {args.budget_s:.0f} s)", flush=True)
-    machine, ceil = ({}, None) if args.no_ceilings else orch.ceilings()
     records: list[dict] = []
     for shape in args.shapes:
         records += orch.shape(shape)
-    machine = machine or orch.machine
     protocol = (not args.quick and args.scale_tokens == 1.0 and args.scale_model == 1.0
                 and args.iters >= 20 and args.warmup >= 3 and args.sets >= 2)
     result = {
@@ -261,12 +245,12 @@ def main(argv: list[str] | None = None) -> int:
                 shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
             "git_commit": _git("rev-parse", "HEAD"),
             "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-            "machine": machine,
+            "machine": orch.machine,
             "protocol": protocol,
             "args": {k: v for k, v in vars(args).items() if k != "_worker"},
             "wall_s": time.time() - orch.start,
         },
-        "ceilings": ceil,
+        "ceilings": orch.ceilings,
         "records": records,
     }
     from benchmarks import report
