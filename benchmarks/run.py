@@ -253,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         "ceilings": orch.ceilings,
         "records": records,
     }
+    # every record also carries where and with what it ran, so that records stand alone
+    machine = orch.machine
+    stamp_fields = {
+        "device_kind": machine.get("device_kind"), "gpu_name": machine.get("gpu_name"),
+        "git_commit": result["meta"]["git_commit"], "jax": machine.get("jax"),
+        "jaxlib": machine.get("jaxlib"), "torch": machine.get("torch"),
+    }
+    for record in records:
+        record.update(stamp_fields)
     from benchmarks import report
 
     paths = report.write(out_dir, result)
