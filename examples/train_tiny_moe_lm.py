@@ -114,7 +114,6 @@ def main(argv=None) -> dict:
     print(f"checkpoint round trip done at {time.perf_counter() - start:.1f}s", flush=True)
     if args.plot and str(args.plot):
         _plot(history, config, args.plot)
-    _sample(model, data, config)
     return {"losses": history["loss"], "valid_loss": valid_loss, "restored_loss": restored_loss,
             "dropped": history["dropped"]}
 
@@ -173,22 +172,6 @@ def _plot(history: dict, config: LMConfig, path: pathlib.Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     print(f"plot written to {path}")
-
-
-def _sample(model: MoELM, data: CharData, config: LMConfig, length: int = 80) -> None:
-    """Greedy continuation of a prompt (fixed window, one compiled step), to see what it learned."""
-    @nnx.jit
-    def next_token(model, window):
-        logits, _ = model(window)
-        return jnp.argmax(logits[0, -1])
-
-    pad = data.index[" "]
-    ids = [data.index[c] for c in "The sea "]
-    for _ in range(length):
-        context = ids[-config.seq_len:]
-        window = jnp.asarray([[pad] * (config.seq_len - len(context)) + context], jnp.int32)
-        ids.append(int(next_token(model, window)))
-    print(f"sample: {data.decode(ids)!r}")
 
 
 if __name__ == "__main__":
