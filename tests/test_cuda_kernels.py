@@ -130,12 +130,12 @@ NAMES = ("y", "dx", "d_topk_weights", "d_w_gate_up", "d_w_down")
 CASES = [
     # T, H, F, E, k, kind
     (256, 256, 128, 8, 2, "balanced"),
-    (300, 128, 72, 6, 3, "balanced"),     # T, F not tile multiples
-    (1, 64, 64, 4, 2, "balanced"),        # T = 1
-    (96, 128, 64, 4, 4, "balanced"),      # k = E
-    (700, 128, 96, 8, 2, "one_expert"),   # every token on one expert, skipped slots
+    (300, 128, 72, 6, 3, "balanced"),  # T, F not tile multiples
+    (1, 64, 64, 4, 2, "balanced"),  # T = 1
+    (96, 128, 64, 4, 4, "balanced"),  # k = E
+    (700, 128, 96, 8, 2, "one_expert"),  # every token on one expert, skipped slots
     (200, 192, 64, 16, 2, "sparse_experts"),  # zero-token experts
-    (333, 256, 128, 8, 3, "dropped"),     # -1 ids (capacity drops)
+    (333, 256, 128, 8, 3, "dropped"),  # -1 ids (capacity drops)
     (1024, 512, 256, 32, 4, "skewed"),
     (2048, 1024, 512, 16, 4, "balanced"),
 ]
@@ -154,7 +154,8 @@ def test_parity_with_reference(T, H, F, E, k, kind, dtype):
     for name, g, r in zip(NAMES, got, ref, strict=True):
         assert g.shape == r.shape, f"{name}: shape {g.shape} != {r.shape}"
         err = _rel(g, r)
-        assert err <= tol, f"{name}: rel Frobenius error {err:.3e} > {tol} ({T=} {H=} {F=} {E=} {k=} {kind})"
+        case = f"{T=} {H=} {F=} {E=} {k=} {kind}"
+        assert err <= tol, f"{name}: rel Frobenius error {err:.3e} > {tol} ({case})"
     # skipped assignments get exactly zero routing-weight gradient
     dw = np.asarray(got[2])
     ids = np.asarray(args[1])
@@ -184,6 +185,23 @@ def test_simt_oracle_matches_wgmma(monkeypatch):
     for name, a, b in zip(NAMES, fast, slow, strict=True):
         err = _rel(a, b)
         assert err <= 5e-3, f"{name}: wgmma vs SIMT rel error {err:.3e}"
+
+
+@pytest.mark.parametrize("kind", ["balanced", "one_expert"])
+def test_tma_weights_match_cp_async(monkeypatch, kind):
+    """JAX_MOK_CUDA_TMA=1 (weight tiles by TMA) fills shared memory with the same values as the
+    cp.async path, so every output is bitwise equal. F = 200 leaves a partial gate/up tile."""
+    from jax_mok import _ffi
+
+    if not _ffi.cuda_module().device_info().get("wgmma_path", False):
+        pytest.skip("built without CUTLASS headers: no wgmma path")
+    args = _problem(9, 700, 264, 200, 8, 2, jnp.bfloat16, kind)
+    monkeypatch.setenv("JAX_MOK_CUDA_TMA", "0")
+    plain = [np.asarray(a) for a in _routed("cuda")(*args)]
+    monkeypatch.setenv("JAX_MOK_CUDA_TMA", "1")
+    tma = [np.asarray(a) for a in _routed("cuda")(*args)]
+    for name, a, b in zip(NAMES, plain, tma, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: TMA != cp.async"
 
 
 def test_rejects_hidden_not_multiple_of_8():

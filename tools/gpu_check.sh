@@ -110,6 +110,9 @@ A = jax.random.normal(k1, (8192, 8192), jnp.bfloat16); B = jax.random.normal(k2,
 mm = jax.jit(lambda a, b: a @ b)
 ceil = 2 * 8192**3 / bench(mm, A, B) / 1e12
 print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
+import os
+print("weight tiles by", "TMA" if os.environ.get("JAX_MOK_CUDA_TMA") == "1" else "cp.async",
+      "(JAX_MOK_CUDA_TMA=1 selects TMA)")
 rows = []
 for name, (T, H, F, E, k) in SHAPES.items():
     ks = jax.random.split(jax.random.key(1), 6)

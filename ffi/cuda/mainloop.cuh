@@ -1,7 +1,8 @@
 // The Hopper grouped GEMM (bf16 in, f32 accumulate): persistent, warp-specialized.
 //   warpgroup 0      producer: cp.async gathers routed rows / weight tiles into a STAGES-deep
 //                    ring of 128B-swizzled shared-memory tiles; arrival on `full[s]` is tied to
-//                    the copies' completion (cp.async.mbarrier.arrive.noinc).
+//                    the copies' completion (cp.async.mbarrier.arrive.noinc). With kTma, the
+//                    weight tile comes by TMA (tensor map built in tma.h) instead.
 //   warpgroups 1, 2  consumers: wgmma 64×BN×16 each (CuTe SS atoms), then the fused epilogue
 //                    straight from registers, while the producer already fills the next tile.
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
@@ -15,8 +16,10 @@
 
 namespace mok::cuda {
 
-template <Mode kMode>
+// kTma (routed-M only): the weight tile B arrives by TMA instead of cp.async.
+template <Mode kMode, bool kTma = false>
 struct WgmmaConfig {
+  static_assert(!kTma || kMode != Mode::kRoutedK, "TMA feeds the weight operand of routed-M GEMMs");
   static constexpr int BM = kTileM, BN = 256, BK = 64, kStages = 4;
   static constexpr int kThreads = 384;
   static_assert(BN == kWgmmaBN, "handlers size n-tiles with kWgmmaBN");
@@ -32,9 +35,13 @@ struct WgmmaConfig {
   using SmemLayoutA = decltype(cute::tile_to_shape(
       Atom<kMajorA>{},
       cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BM,BK,STAGES)
+  // With TMA, an MN-major B tiles K before N so that each 64(n)×64(k) box is 8 KB contiguous.
+  using OrderB = std::conditional_t<kTma && kMajorB == cute::GMMA::Major::MN,
+                                    cute::Step<cute::_2, cute::_1, cute::_3>,
+                                    cute::Step<cute::_1, cute::_2, cute::_3>>;
   using SmemLayoutB = decltype(cute::tile_to_shape(
-      Atom<kMajorB>{},
-      cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BN,BK,STAGES)
+      Atom<kMajorB>{}, cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{},
+      OrderB{}));  // (BN,BK,STAGES)
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));  // 2 warpgroups along M
@@ -61,11 +68,11 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 
 // The producer warpgroup. Gathered row offsets of the current tile (routed-M) or k-block
 // (routed-K) go through shared memory once, then every 16-byte chunk is one cp.async.
-template <Mode kMode>
+template <Mode kMode, bool kTma>
 __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
                              int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa,
                              uint32_t sb, int t) {
-  using Cfg = WgmmaConfig<kMode>;
+  using Cfg = WgmmaConfig<kMode, kTma>;
   using LA = typename Cfg::SmemLayoutA;
   using LB = typename Cfg::SmemLayoutB;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
@@ -97,7 +104,27 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
           const bool ok = off >= 0 && k_ok;
           cp_async_16(stage_a + swizzled<LA>(r, kc), ok ? a + off + k0 + kc : a, ok);
         }
-        if constexpr (kMode == Mode::kRoutedBN) {
+        if constexpr (kTma) {
+          // One thread: expect the whole B tile, then 4 boxes of 64(n)×64(k) (N-major B) or
+          // one box of 64(k)×256(n) (K-major B). Out-of-range boxes are zero-filled and still
+          // count their full size; gate columns past F read up columns, which the epilogue masks.
+          if (t == 0) {
+            mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesB);
+            if constexpr (kMode == Mode::kRoutedBN) {
+#pragma unroll
+              for (int j = 0; j < BN / 64; ++j) {
+                const int half = BN / 2;
+                const int n = p.glu
+                                  ? (64 * j < half ? w.n_tile * half + 64 * j
+                                                   : p.glu_offset + w.n_tile * half + 64 * j - half)
+                                  : w.n_tile * BN + 64 * j;
+                tma_load_3d(stage_b + j * 8192, &p.tmap_b, &full[stage], n, k0, w.expert);
+              }
+            } else {
+              tma_load_3d(stage_b, &p.tmap_b, &full[stage], k0, w.n_tile * BN, w.expert);
+            }
+          }
+        } else if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
           for (int i = 0; i < 16; ++i) {  // B: 64 k-rows × 32 chunks of n
             const int kr = bkr + 4 * i;
@@ -165,11 +192,11 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
   }
 }
 
-template <Mode kMode, Epi kEpi>
+template <Mode kMode, Epi kEpi, bool kTma>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
-  using Cfg = WgmmaConfig<kMode>;
+  using Cfg = WgmmaConfig<kMode, kTma>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   extern __shared__ char smem_raw[];
   char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -187,8 +214,9 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 128);  // every producer thread arrives once its copies land
-      mbar_init(&empty[s], 2);   // one thread per consumer warpgroup
+      // every producer thread arrives once its copies land (+1: the TMA expect_tx arrival)
+      mbar_init(&full[s], kTma ? 129 : 128);
+      mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
     }
   }
   __syncthreads();
@@ -196,8 +224,11 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
-    run_producer<kMode>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
-                        smem_u32(ring_b), t);
+    if constexpr (kTma) {
+      if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
+    }
+    run_producer<kMode, kTma>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                              smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
@@ -235,15 +266,15 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
 #endif
 }
 
-template <Mode kMode, Epi kEpi>
+template <Mode kMode, Epi kEpi, bool kTma = false>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
-  using Cfg = WgmmaConfig<kMode>;
+  using Cfg = WgmmaConfig<kMode, kTma>;
   const size_t smem = Cfg::smem_bytes(p.experts);
   cudaError_t err =
-      cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi>,
+      cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi, kTma>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  wgmma_gemm_kernel<kMode, kEpi><<<num_sms, Cfg::kThreads, smem, stream>>>(p);
+  wgmma_gemm_kernel<kMode, kEpi, kTma><<<num_sms, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

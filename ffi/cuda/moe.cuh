@@ -14,6 +14,7 @@
 #include "cuda/status.cuh"
 #ifdef JAX_MOK_HAVE_CUTLASS
 #include "cuda/mainloop.cuh"
+#include "cuda/tma.h"
 #endif
 
 namespace mok::cuda {
@@ -29,10 +30,24 @@ inline bool UseWgmma(ffi::DataType dtype) {
 #endif
 }
 
+// JAX_MOK_CUDA_TMA=1: routed-M GEMMs load the weight tile by TMA (experimental: not yet run on
+// a GPU; the cp.async path is the default). Falls back to cp.async if no tensor map can be made.
+inline bool UseTma() {
+  const char* env = std::getenv("JAX_MOK_CUDA_TMA");
+  return env && env[0] == '1';
+}
+
 template <class T, Mode kMode, Epi kEpi>
 cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t stream) {
 #ifdef JAX_MOK_HAVE_CUTLASS
   if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (kMode != Mode::kRoutedK) {
+      if (wgmma && UseTma()) {
+        GemmParams with_map = p;
+        if (MakeWeightTensorMap(with_map, kMode))
+          return launch_wgmma_gemm<kMode, kEpi, true>(with_map, sms, stream);
+      }
+    }
     if (wgmma) return launch_wgmma_gemm<kMode, kEpi>(p, sms, stream);
   }
 #endif

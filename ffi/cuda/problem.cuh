@@ -3,6 +3,8 @@
 // runs. Every operand tile is "rows × contiguous columns", loaded in 8-element chunks.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (types only; driver entry points are fetched at run time)
+
 #include "cuda/schedule.cuh"
 
 namespace mok::cuda {
@@ -54,6 +56,8 @@ struct GemmParams {
   const float* topk_weights;  // [T*k]
   float* dw_part;             // kSwiGLUBwd: [P, n_tiles]
   int64_t ldo;                // leading dimension of `out`
+  // wgmma + TMA path (routed-M): 3-D tensor map of B, [E][K][N] or [E][N][K] (mainloop.cuh)
+  alignas(64) CUtensorMap tmap_b;
 };
 
 template <int BN>

@@ -1,0 +1,55 @@
+// Host side of the TMA path: the 3-D tensor map of a routed-M GEMM's weight operand B.
+// The driver entry point is fetched at run time (the module links no libcuda).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "cuda/problem.cuh"
+
+namespace mok::cuda {
+
+// cuTensorMapEncodeTiled (driver API 12.0). Declared here: CUTLASS includes cudaTypedefs.h
+// inside its own namespace, which hides the driver's PFN_ typedefs.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+inline EncodeTiledFn TensorMapEncoder() {
+  static EncodeTiledFn encode = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &status) == cudaSuccess &&
+        status == cudaDriverEntryPointSuccess)
+      encode = reinterpret_cast<EncodeTiledFn>(fn);
+  });
+  return encode;
+}
+
+// B of expert e is [K][N] (kRoutedBN: N contiguous, boxes 64 n × 64 k) or [N][K] (kRoutedBK:
+// K contiguous, one box 64 k × 256 n); both 128B-swizzled like the shared-memory tiles, zero
+// fill out of range (per expert: dimension 1 ends at the expert's K or N).
+inline bool MakeWeightTensorMap(GemmParams& p, Mode mode) {
+  EncodeTiledFn encode = TensorMapEncoder();
+  if (encode == nullptr || mode == Mode::kRoutedK) return false;
+  const bool n_major = mode == Mode::kRoutedBN;
+  const cuuint64_t inner = static_cast<cuuint64_t>(p.ldb);
+  const cuuint64_t outer = static_cast<cuuint64_t>(n_major ? p.K : p.N);
+  cuuint64_t dims[3] = {inner, outer, static_cast<cuuint64_t>(p.experts)};
+  cuuint64_t strides[2] = {inner * 2, static_cast<cuuint64_t>(p.b_expert_stride) * 2};  // bytes
+  cuuint32_t box[3] = {64, n_major ? 64u : static_cast<cuuint32_t>(kWgmmaBN), 1};
+  cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode(&p.tmap_b, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(p.b), dims, strides,
+             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+}  // namespace mok::cuda
