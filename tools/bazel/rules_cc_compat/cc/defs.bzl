@@ -1,0 +1,18 @@
+"""Offline stand-in for `@rules_cc//cc:defs.bzl` on Bazel 4.x: the native C++ rules, re-exported.
+
+Bazel 4's own @bazel_tools//tools/cpp loads these names from @rules_cc, which it would otherwise
+download; Debian's packaged rules_cc (0.0.4+) needs a newer Bazel. //:WORKSPACE points @rules_cc
+here; bzlmod builds (MODULE.bazel) use the real rules_cc.
+"""
+
+cc_binary = native.cc_binary
+cc_import = native.cc_import
+cc_library = native.cc_library
+cc_proto_library = native.cc_proto_library
+cc_test = native.cc_test
+cc_toolchain = native.cc_toolchain
+cc_toolchain_suite = native.cc_toolchain_suite
+fdo_prefetch_hints = native.fdo_prefetch_hints
+fdo_profile = native.fdo_profile
+objc_import = native.objc_import
+objc_library = native.objc_library
