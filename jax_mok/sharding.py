@@ -30,6 +30,10 @@ Three ways to turn EP on, first match wins:
    modules);
 3. the ambient mesh of ``jax.set_mesh`` / ``jax.sharding.use_mesh`` when it has the expert axis, or
    the mesh of concretely ``NamedSharding``-placed expert weights sharded over the expert axis.
+
+Inside ``jax.jit`` with auto (non-explicit) axes and no mesh in sight, a traced argument does not
+say how it is sharded, so the call cannot know it should partition itself: XLA would then gather
+the experts. Under ``jit``, give the mesh by one of 1-3 (the examples use 2).
 """
 
 from __future__ import annotations
