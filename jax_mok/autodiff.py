@@ -8,17 +8,39 @@ cotangent; the router's gradient flows through ``topk_weights``.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jax_mok import _ffi, reference
 
 IMPLEMENTATIONS = ("reference", "ffi", "cpu", "cuda")
 
 
+@jax.custom_batching.custom_vmap
 def _ffi_forward(x2d, topk_ids, topk_weights, w_gate_up, w_down):
     out = jax.ShapeDtypeStruct(x2d.shape, x2d.dtype)
     return jax.ffi.ffi_call("mok_moe_fwd", out)(x2d, topk_ids, topk_weights, w_gate_up, w_down)
 
 
+@_ffi_forward.def_vmap
+def _ffi_forward_vmap(axis_size, in_batched, x2d, topk_ids, topk_weights, w_gate_up, w_down):
+    """vmap over tokens: fold the batch into the token dimension (one kernel call, no loop)."""
+    if in_batched[3] or in_batched[4]:
+        raise NotImplementedError(
+            "jax_mok: vmap over the expert weights (w_gate_up / w_down) is not supported; "
+            "only x (and its routing) may be batched"
+        )
+
+    def fold(a, batched):
+        a = a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+        return a.reshape(-1, *a.shape[2:])
+
+    rows = x2d.shape[-2]
+    y = _ffi_forward(fold(x2d, in_batched[0]), fold(topk_ids, in_batched[1]),
+                     fold(topk_weights, in_batched[2]), w_gate_up, w_down)
+    return y.reshape(axis_size, rows, -1), True
+
+
+@jax.custom_batching.custom_vmap
 def _ffi_backward(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down):
     outs = (
         jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
@@ -47,6 +69,17 @@ def _kernel_experts_bwd(residuals, dy):
         dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down
     )
     return dx, None, d_weights, d_gate_up, d_down
+
+
+@_ffi_backward.def_vmap
+def _ffi_backward_vmap(axis_size, in_batched, *args):
+    # Per-example weight gradients would need one kernel call per example; say so instead of
+    # looping silently.
+    raise NotImplementedError(
+        "jax_mok: reverse-mode differentiation under jax.vmap is not supported by the kernels. "
+        "jax_mok.moe accepts x of any leading shape: fold the vmapped axis into x instead, or "
+        "use implementation='reference'"
+    )
 
 
 _kernel_experts.defvjp(_kernel_experts_fwd, _kernel_experts_bwd)

@@ -63,8 +63,17 @@ PRESETS = {
 TOLERANCE = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.bfloat16): 1e-2}
 
 
-def tolerance(dtype) -> float:
-    return TOLERANCE[jnp.dtype(dtype)]
+# The router's gradient is the one derived quantity with cancellation in it: with normalised
+# top-k weights, d_logits_t = s_t * (d_w_t - <w_t, d_w_t>) is a difference of nearly equal terms,
+# so the bf16 rounding of d_topk_weights (relative ~3e-3) is amplified by |d_w| / |d_w - mean|,
+# which reaches ~10 for a single token. Averaging over many tokens shrinks it again. Measured:
+# 4e-2 for T=1, below 1e-2 from T=64 up. float32 keeps 1e-4 (no amplification at that level).
+ROUTER_GRAD_TOLERANCE = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.bfloat16): 6e-2}
+
+
+def tolerance(dtype, *, router_grad: bool = False) -> float:
+    table = ROUTER_GRAD_TOLERANCE if router_grad else TOLERANCE
+    return table[jnp.dtype(dtype)]
 
 
 def rel_error(got, want) -> float:

@@ -1,21 +1,34 @@
 """Shared pytest setup.
 
-Eight host (CPU) devices, so that the expert-parallel tests can build 2/4/8-device meshes in this
-process. It must happen before JAX creates its CPU backend, hence here, at import. It changes only
-the CPU platform (``jax.devices("cpu")``); the default device stays device 0, so single-device
-tests run as before, and GPUs, when present, are untouched.
+GPU tests are marked ``gpu`` (``multigpu`` for >= 2 GPUs). Without a GPU they are skipped, unless
+``JAX_MOK_REQUIRE_CUDA=1`` (set by tools/gpu_check.sh on the GPU machine), which turns every such
+skip into a failure so a broken GPU setup cannot pass silently.
 """
 
 from __future__ import annotations
 
 import os
 
-CPU_DEVICES = 8
+import jax
+import pytest
 
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    import jax
+jax.config.update("jax_enable_x64", False)
 
+
+def _gpu_count() -> int:
     try:
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-    except RuntimeError:  # a backend already exists (e.g. a plugin imported jax and used it)
-        pass
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
+
+
+def pytest_runtest_setup(item):
+    need = 2 if "multigpu" in item.keywords else 1 if "gpu" in item.keywords else 0
+    if not need:
+        return
+    gpus = _gpu_count()
+    if gpus < need:
+        reason = f"needs {need} CUDA GPU(s), found {gpus}"
+        if os.environ.get("JAX_MOK_REQUIRE_CUDA") == "1":
+            pytest.fail(f"JAX_MOK_REQUIRE_CUDA=1 but the test {reason}")
+        pytest.skip(reason)

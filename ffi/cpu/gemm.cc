@@ -1,5 +1,7 @@
 #include "cpu/gemm.h"
 
+#include <cstring>
+
 namespace mok::cpu {
 namespace {
 
@@ -45,28 +47,32 @@ void PackB(const MatView& b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, flo
 
 }  // namespace
 
+// GCC/Clang vector extension: 8 floats. On the AVX2 clone one vector is one ymm register; the
+// default clone splits it into two SSE halves. Scalars broadcast in mixed arithmetic.
+typedef float Vec8 __attribute__((vector_size(32)));
+static_assert(kNR == 16, "the micro-kernel holds a 16-wide row as two Vec8");
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // One binary for every x86-64 machine: an AVX2+FMA clone is picked at load time where present.
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
 void MicroKernel(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc, int mr,
                  int nr) {
-  float acc[kMR][kNR] = {};
+  Vec8 acc[kMR][2] = {};  // (MR, NR) accumulators in registers
   for (int64_t p = 0; p < kc; ++p) {
+    Vec8 b0, b1;
+    std::memcpy(&b0, bp + p * kNR, sizeof(Vec8));
+    std::memcpy(&b1, bp + p * kNR + 8, sizeof(Vec8));
     const float* a = ap + p * kMR;
-    const float* b = bp + p * kNR;
     for (int r = 0; r < kMR; ++r) {
-      for (int j = 0; j < kNR; ++j) acc[r][j] += a[r] * b[j];
+      acc[r][0] += a[r] * b0;
+      acc[r][1] += a[r] * b1;
     }
   }
-  if (mr == kMR && nr == kNR) {
-    for (int r = 0; r < kMR; ++r) {
-      for (int j = 0; j < kNR; ++j) c[r * ldc + j] += acc[r][j];
-    }
-  } else {
-    for (int r = 0; r < mr; ++r) {
-      for (int j = 0; j < nr; ++j) c[r * ldc + j] += acc[r][j];
-    }
+  float tile[kMR][kNR];
+  std::memcpy(tile, acc, sizeof(tile));
+  for (int r = 0; r < mr; ++r) {
+    for (int j = 0; j < nr; ++j) c[r * ldc + j] += tile[r][j];
   }
 }
 
