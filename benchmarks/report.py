@@ -134,7 +134,7 @@ def chart(result: dict, path: str) -> None:
     records = result["records"]
     impls = [i for i in ("jax_mok", "B1", "B2", "B3") if any(r["impl"] == i for r in records)]
     passes = [p for p in ("fwd", "fwdbwd") if any(r["pass"] == p for r in records)] or ["fwd"]
-    fig, axes = plt.subplots(len(passes), 1, figsize=(12, 4 * len(passes)), squeeze=False)
+    fig, axes = plt.subplots(len(passes), 1, figsize=(13, 4 * len(passes)), squeeze=False)
     by_key = {(r["shape"], r["routing"], r["pass"], r["impl"]): r for r in records}
     groups = []
     for r in records:
@@ -162,7 +162,7 @@ def chart(result: dict, path: str) -> None:
         ax.set_xticklabels([f"{s}\n{r}" for s, r in groups])
         ax.set_ylabel("TFLOP/s (routed)")
         ax.set_title(f"{passname}")
-        ax.legend(fontsize=8, ncol=len(impls) + 1, loc="upper left")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     machine = result["meta"].get("machine", {})
     fig.suptitle(f"jax_mok vs peers — {machine.get('gpu_name') or machine.get('device_kind', '')}"
                  f" — {result['meta'].get('git_commit', '')[:10]}")
