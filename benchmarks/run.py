@@ -127,13 +127,14 @@ class Orchestrator:
         self.machine: dict = {}
         self.ceilings: dict | None = None
 
-    def _spec(self, task: str, shape: str | None, skip: list[str], events: str) -> dict:
+    def _spec(self, task: str, shape: str | None, skip: list[str], events: str,
+              deadline: float) -> dict:
         a = self.args
         return {
             "task": task, "shape": shape, "routings": a.routing, "passes": a.passes,
             "impls": a.impls, "iters": a.iters, "warmup": a.warmup, "num_sets": a.sets,
             "dtype": a.dtype, "scale_tokens": a.scale_tokens, "scale_model": a.scale_model,
-            "quick": a.quick, "deadline": self.deadline, "skip": skip, "events": events,
+            "quick": a.quick, "deadline": deadline, "skip": skip, "events": events,
             "probe_tokens": 16 if a.quick else 48,
             # the first worker measures the ceilings before its items (one process less)
             "ceilings": not a.no_ceilings and self.ceilings is None,
@@ -148,8 +149,14 @@ class Orchestrator:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=self.env, stderr=log)
         return proc, log
 
-    def shape(self, shape: str) -> list[dict]:
-        """Runs one shape's items in workers, restarting after crashes; returns its records."""
+    def shape(self, shape: str, shapes_left: int = 1) -> list[dict]:
+        """Runs one shape's items in workers, restarting after crashes; returns its records.
+
+        The shape gets an equal share of the budget left (``shapes_left`` shapes, this one
+        included), so that a slow shape skips its last items (B1 runs last) rather than every
+        later shape; time a shape leaves unused goes to the next ones.
+        """
+        deadline = time.time() + (self.deadline - time.time()) / max(1, shapes_left)
         from benchmarks.worker import RESTART_EXIT_CODE, shape_items
 
         items = shape_items(shape, self.args.routing, self.args.passes, self.args.impls)
@@ -157,11 +164,11 @@ class Orchestrator:
         failure = "not run (worker failed repeatedly)"
         for attempt in range(4):
             left = [i for i in items if i["key"] not in records]
-            if not left or time.time() > self.deadline:
+            if not left or time.time() > deadline:
                 break
             events_path = os.path.join(self.out_dir, "logs", f"{shape}-{attempt}.jsonl")
-            proc, log = self._launch(shape, self._spec("shape", shape, list(records),
-                                                       events_path), attempt)
+            spec = self._spec("shape", shape, list(records), events_path, deadline)
+            proc, log = self._launch(shape, spec, attempt)
             rc, killed_key = self._watch(proc, events_path)
             log.close()
             started = None
@@ -193,7 +200,7 @@ class Orchestrator:
                     break  # it fails before any item: a restart would fail the same way
         for item in items:
             if item["key"] not in records:
-                reason = ("time budget (--budget-s) used up" if time.time() > self.deadline
+                reason = ("time budget (--budget-s) used up" if time.time() > deadline
                           else failure)
                 records[item["key"]] = {**item, "status": "skipped", "reason": reason}
         return [records[i["key"]] for i in items]
@@ -234,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{','.join(args.impls)}; {args.iters} iters, {args.warmup} warm-ups, {args.sets} "
           f"sets; budget {args.budget_s:.0f} s)", flush=True)
     records: list[dict] = []
-    for shape in args.shapes:
-        records += orch.shape(shape)
+    for i, shape in enumerate(args.shapes):
+        records += orch.shape(shape, shapes_left=len(args.shapes) - i)
     protocol = (not args.quick and args.scale_tokens == 1.0 and args.scale_model == 1.0
                 and args.iters >= 20 and args.warmup >= 3 and args.sets >= 2)
     result = {
