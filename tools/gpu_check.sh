@@ -111,8 +111,8 @@ mm = jax.jit(lambda a, b: a @ b)
 ceil = 2 * 8192**3 / bench(mm, A, B) / 1e12
 print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
 import os
-print("weight tiles by", "TMA" if os.environ.get("JAX_MOK_CUDA_TMA") == "1" else "cp.async",
-      "(JAX_MOK_CUDA_TMA=1 selects TMA)")
+print("weight tiles by", "cp.async" if os.environ.get("JAX_MOK_CUDA_TMA") == "0" else "TMA",
+      "(JAX_MOK_CUDA_TMA=0 selects cp.async)")
 rows = []
 for name, (T, H, F, E, k) in SHAPES.items():
     ks = jax.random.split(jax.random.key(1), 6)

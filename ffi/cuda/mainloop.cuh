@@ -1,8 +1,8 @@
 // The Hopper grouped GEMM (bf16 in, f32 accumulate): persistent, warp-specialized.
 //   warpgroup 0      producer: cp.async gathers routed rows / weight tiles into a STAGES-deep
 //                    ring of 128B-swizzled shared-memory tiles; arrival on `full[s]` is tied to
-//                    the copies' completion (cp.async.mbarrier.arrive.noinc). With kTma, the
-//                    weight tile comes by TMA (tensor map built in tma.h) instead.
+//                    the copies' completion (cp.async.mbarrier.arrive.noinc). With kTma (default
+//                    for routed-M GEMMs), the weight tile comes by TMA (tensor map: tma.h).
 //   warpgroups 1, 2  consumers: wgmma 64×BN×16 each (CuTe SS atoms), then the fused epilogue
 //                    straight from registers, while the producer already fills the next tile.
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).

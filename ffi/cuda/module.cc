@@ -25,6 +25,7 @@ NB_MODULE(_mok_cuda, m) {
     d["compiled_arch"] = mok::cuda::CompiledArchitectures();
     d["wgmma_path"] = mok::cuda::HasWgmmaPath();
     d["gemm_path_env"] = "JAX_MOK_CUDA_GEMM=simt forces the SIMT oracle for bf16";
+    d["weight_tiles_env"] = "weight tiles by TMA; JAX_MOK_CUDA_TMA=0 uses cp.async";
     return d;
   });
 }
