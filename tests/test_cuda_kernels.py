@@ -187,21 +187,35 @@ def test_simt_oracle_matches_wgmma(monkeypatch):
         assert err <= 5e-3, f"{name}: wgmma vs SIMT rel error {err:.3e}"
 
 
+TMA_SWITCHES = [
+    "JAX_MOK_CUDA_TMA",  # weight tiles by TMA (the default)
+    # non-gathered activations by TMA too: experimental, tested only when switched on for the run
+    pytest.param(
+        "JAX_MOK_CUDA_TMA_A",
+        marks=pytest.mark.skipif(
+            os.environ.get("JAX_MOK_CUDA_TMA_A") != "1",
+            reason="experimental; run with JAX_MOK_CUDA_TMA_A=1 to test it",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("switch", TMA_SWITCHES)
 @pytest.mark.parametrize("kind", ["balanced", "one_expert"])
-def test_tma_weights_match_cp_async(monkeypatch, kind):
-    """JAX_MOK_CUDA_TMA=1 (weight tiles by TMA) fills shared memory with the same values as the
-    cp.async path, so every output is bitwise equal. F = 200 leaves a partial gate/up tile."""
+def test_tma_matches_cp_async(monkeypatch, kind, switch):
+    """TMA fills shared memory with the same values as cp.async, so every output is bitwise
+    equal with the switch off and on. F = 200 leaves a partial gate/up tile."""
     from jax_mok import _ffi
 
     if not _ffi.cuda_module().device_info().get("wgmma_path", False):
         pytest.skip("built without CUTLASS headers: no wgmma path")
     args = _problem(9, 700, 264, 200, 8, 2, jnp.bfloat16, kind)
-    monkeypatch.setenv("JAX_MOK_CUDA_TMA", "0")
+    monkeypatch.setenv(switch, "0")
     plain = [np.asarray(a) for a in _routed("cuda")(*args)]
-    monkeypatch.setenv("JAX_MOK_CUDA_TMA", "1")
+    monkeypatch.setenv(switch, "1")
     tma = [np.asarray(a) for a in _routed("cuda")(*args)]
     for name, a, b in zip(NAMES, plain, tma, strict=True):
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: TMA != cp.async"
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: {switch}=1 differs"
 
 
 def test_rejects_hidden_not_multiple_of_8():

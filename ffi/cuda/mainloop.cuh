@@ -17,8 +17,9 @@
 namespace mok::cuda {
 
 // kTma (routed-M only): the weight tile B arrives by TMA instead of cp.async.
-template <Mode kMode, bool kTma = false>
+template <Mode kMode, bool kTma = false, bool kTmaA = false>
 struct WgmmaConfig {
+  static_assert(!kTmaA || kTma, "A by TMA implies B by TMA");
   static_assert(!kTma || kMode != Mode::kRoutedK, "TMA feeds the weight operand of routed-M GEMMs");
   static constexpr int BM = kTileM, BN = 256, BK = 64, kStages = 4;
   static constexpr int kThreads = 384;
@@ -68,11 +69,31 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 
 // The producer warpgroup. Gathered row offsets of the current tile (routed-M) or k-block
 // (routed-K) go through shared memory once, then every 16-byte chunk is one cp.async.
-template <Mode kMode, bool kTma>
+// B boxes of one stage (one thread): 4 boxes of 64(n)×64(k) (N-major B) or one of 64(k)×256(n)
+// (K-major B). Out-of-range boxes are zero-filled and still count their full size; gate columns
+// past F read up columns, which the epilogue masks.
+template <Mode kMode, int BN>
+__device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkTile& w, int k0,
+                                                uint32_t stage_b, uint64_t* bar) {
+  if constexpr (kMode == Mode::kRoutedBN) {
+#pragma unroll
+    for (int j = 0; j < BN / 64; ++j) {
+      const int half = BN / 2;
+      const int n = p.glu ? (64 * j < half ? w.n_tile * half + 64 * j
+                                           : p.glu_offset + w.n_tile * half + 64 * j - half)
+                          : w.n_tile * BN + 64 * j;
+      tma_load_3d(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert);
+    }
+  } else {
+    tma_load_3d(stage_b, &p.tmap_b, bar, k0, w.n_tile * BN, w.expert);
+  }
+}
+
+template <Mode kMode, bool kTma, bool kTmaA>
 __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
                              int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa,
                              uint32_t sb, int t) {
-  using Cfg = WgmmaConfig<kMode, kTma>;
+  using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
   using LA = typename Cfg::SmemLayoutA;
   using LB = typename Cfg::SmemLayoutB;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
@@ -80,6 +101,25 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
   const bf16* b = static_cast<const bf16*>(p.b);
   const int total = total_tiles<kMode>(p, s_prefix);
   int stage = 0, phase = 0;
+  if constexpr (kTmaA) {
+    // A is not gathered: both operands by TMA, one thread drives the ring. Rows past the
+    // expert's count belong to the next expert (or past the allocation: zero-filled); their
+    // accumulator rows are never stored.
+    if (t != 0) return;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
+        const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
+        mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesA + Cfg::kStageBytesB);
+        tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
+        tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
+    }
+    return;
+  }
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
     if constexpr (kMode != Mode::kRoutedK) {
@@ -105,24 +145,9 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
           cp_async_16(stage_a + swizzled<LA>(r, kc), ok ? a + off + k0 + kc : a, ok);
         }
         if constexpr (kTma) {
-          // One thread: expect the whole B tile, then 4 boxes of 64(n)×64(k) (N-major B) or
-          // one box of 64(k)×256(n) (K-major B). Out-of-range boxes are zero-filled and still
-          // count their full size; gate columns past F read up columns, which the epilogue masks.
           if (t == 0) {
             mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesB);
-            if constexpr (kMode == Mode::kRoutedBN) {
-#pragma unroll
-              for (int j = 0; j < BN / 64; ++j) {
-                const int half = BN / 2;
-                const int n = p.glu
-                                  ? (64 * j < half ? w.n_tile * half + 64 * j
-                                                   : p.glu_offset + w.n_tile * half + 64 * j - half)
-                                  : w.n_tile * BN + 64 * j;
-                tma_load_3d(stage_b + j * 8192, &p.tmap_b, &full[stage], n, k0, w.expert);
-              }
-            } else {
-              tma_load_3d(stage_b, &p.tmap_b, &full[stage], k0, w.n_tile * BN, w.expert);
-            }
+            tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
           }
         } else if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
@@ -192,11 +217,11 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
   }
 }
 
-template <Mode kMode, Epi kEpi, bool kTma>
+template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
-  using Cfg = WgmmaConfig<kMode, kTma>;
+  using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   extern __shared__ char smem_raw[];
   char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -215,7 +240,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       // every producer thread arrives once its copies land (+1: the TMA expect_tx arrival)
-      mbar_init(&full[s], kTma ? 129 : 128);
+      mbar_init(&full[s], kTmaA ? 1 : (kTma ? 129 : 128));
       mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
     }
   }
@@ -226,9 +251,10 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     if constexpr (kTma) {
       if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
+      if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
     }
-    run_producer<kMode, kTma>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
-                              smem_u32(ring_b), t);
+    run_producer<kMode, kTma, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                                     smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
@@ -266,15 +292,15 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
 #endif
 }
 
-template <Mode kMode, Epi kEpi, bool kTma = false>
+template <Mode kMode, Epi kEpi, bool kTma = false, bool kTmaA = false>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
-  using Cfg = WgmmaConfig<kMode, kTma>;
+  using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
   const size_t smem = Cfg::smem_bytes(p.experts);
-  cudaError_t err =
-      cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi, kTma>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaError_t err = cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  wgmma_gemm_kernel<kMode, kEpi, kTma><<<num_sms, Cfg::kThreads, smem, stream>>>(p);
+  wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA><<<num_sms, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -38,6 +38,13 @@ inline bool UseTma() {
   return !(env && env[0] == '0');
 }
 
+// JAX_MOK_CUDA_TMA_A=1 (experimental, not yet run on a GPU): a non-gathered A (the forward's
+// activations, the backward's dh) also comes by TMA, one thread driving the whole ring.
+inline bool UseTmaA() {
+  const char* env = std::getenv("JAX_MOK_CUDA_TMA_A");
+  return env && env[0] == '1';
+}
+
 template <class T, Mode kMode, Epi kEpi>
 cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t stream) {
 #ifdef JAX_MOK_HAVE_CUTLASS
@@ -45,8 +52,13 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
     if constexpr (kMode != Mode::kRoutedK) {
       if (wgmma && UseTma()) {
         GemmParams with_map = p;
-        if (MakeWeightTensorMap(with_map, kMode))
+        if (MakeWeightTensorMap(with_map, kMode)) {
+          if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreF32) {
+            if (UseTmaA() && MakeActivationTensorMap(with_map))
+              return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
+          }
           return launch_wgmma_gemm<kMode, kEpi, true>(with_map, sms, stream);
+        }
       }
     }
     if (wgmma) return launch_wgmma_gemm<kMode, kEpi>(p, sms, stream);
@@ -142,7 +154,7 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
 
   GemmParams g2 = RoutedParams(r, w);  // y_part = w · (a @ Wd[e])
   g2.N = H, g2.K = F, g2.n_tiles = CeilDiv(H, bn);
-  g2.a = act, g2.lda = F;
+  g2.a = act, g2.lda = F, g2.a_rows = TK;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = y_part, g2.ldo = H;
   MOK_RETURN_IF_ERROR(
@@ -210,7 +222,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
 
   GemmParams g3 = RoutedParams(r, w);  // dx_part = dh @ Wgu[e]^T
   g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, bn);
-  g3.a = b.dh, g3.lda = 2 * F;
+  g3.a = b.dh, g3.lda = 2 * F, g3.a_rows = TK;
   g3.b = wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
   g3.out = b.dx_part, g3.ldo = H;
   MOK_RETURN_IF_ERROR(

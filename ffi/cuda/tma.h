@@ -52,4 +52,19 @@ inline bool MakeWeightTensorMap(GemmParams& p, Mode mode) {
   return r == CUDA_SUCCESS;
 }
 
+// A non-gathered A operand [a_rows][K] (K contiguous): one box of 64(k) × 128(rows), 128B swizzle.
+inline bool MakeActivationTensorMap(GemmParams& p) {
+  EncodeTiledFn encode = TensorMapEncoder();
+  if (encode == nullptr || p.a_gather != nullptr || p.a_rows <= 0) return false;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.lda), static_cast<cuuint64_t>(p.a_rows)};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.lda) * 2};  // bytes
+  cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileM)};
+  cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r =
+      encode(&p.tmap_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.a), dims, strides,
+             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 }  // namespace mok::cuda
