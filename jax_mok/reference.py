@@ -40,6 +40,47 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
     return unsorted.reshape(T, k, -1).sum(1).astype(x2d.dtype)
 
 
+def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
+                          w_gate_up: jax.Array, w_down: jax.Array, capacity: int) -> jax.Array:
+    """The same function as :func:`routed_experts` through a padded batched einsum.
+
+    Every expert gets ``capacity`` row slots (a static int that must be >= the largest expert
+    count, e.g. measured on the host); the work is ``E * capacity`` rows instead of ``T * k``.
+    XLA:CPU runs ``ragged_dot`` as one dense product per group (cost linear in E), so this form is
+    the fast oracle for large E on the CPU. Rows past an expert's count are zero and masked.
+    """
+    T, k = topk_ids.shape
+    E, _, two_f = w_gate_up.shape
+    F = two_f // 2
+    flat_ids = topk_ids.reshape(-1)
+    valid = (flat_ids >= 0) & (flat_ids < E)
+    sort_key = jnp.where(valid, flat_ids, E)
+    order = jnp.argsort(sort_key, stable=True)
+    counts = jnp.bincount(sort_key, length=E + 1)
+    starts = jnp.cumsum(counts) - counts
+    sorted_key = sort_key[order]
+    rank = jnp.arange(T * k) - starts[sorted_key]
+    # slot (expert, rank) -> sorted row; rows of skipped assignments and overflow go nowhere
+    keep = (sorted_key < E) & (rank < capacity)
+    dest = jnp.where(keep, sorted_key * capacity + rank, E * capacity)
+    slot_rows = jnp.full((E * capacity + 1,), T * k, jnp.int32).at[dest].set(
+        jnp.arange(T * k, dtype=jnp.int32))[:-1]
+    padded_order = jnp.concatenate([order, jnp.zeros((1,), order.dtype)])
+    slot_valid = slot_rows < T * k
+    tokens = padded_order[slot_rows] // k
+    xs = jnp.where(slot_valid[:, None], x2d[tokens], 0).reshape(E, capacity, -1)
+    h = jnp.einsum("ech,ehf->ecf", xs, w_gate_up, preferred_element_type=jnp.float32)
+    a = jax.nn.silu(h[..., :F]) * h[..., F:]
+    out = jnp.einsum("ecf,efh->ech", a.astype(x2d.dtype), w_down,
+                     preferred_element_type=jnp.float32).reshape(E * capacity, -1)
+    flat_w = jnp.where(valid, topk_weights.reshape(-1), 0.0)
+    slot_w = jnp.where(slot_valid, flat_w[padded_order[slot_rows]], 0.0)
+    contrib = out * slot_w[:, None]
+    y = jnp.zeros((T, out.shape[-1]), jnp.float32).at[tokens].add(
+        jnp.where(slot_valid[:, None], contrib, 0.0))
+    return y.astype(x2d.dtype)
+
+
 def moe(x: jax.Array, params, *, return_aux: bool = False, implementation: str | None = None):
     """Reference MoE layer; same signature and semantics as :func:`jax_mok.moe`."""
     from jax_mok import api
@@ -52,4 +93,4 @@ def moe(x: jax.Array, params, *, return_aux: bool = False, implementation: str |
     return api.moe(x, params, return_aux=return_aux, implementation="reference")
 
 
-__all__ = ["DROPPED", "moe", "routed_experts"]
+__all__ = ["DROPPED", "moe", "routed_experts", "routed_experts_padded"]
