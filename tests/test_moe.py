@@ -169,7 +169,8 @@ def test_jit_checkpoint_scan_over_layers():
 
     def net(x, stacked, impl):
         def body(h, p):
-            return h + jax.checkpoint(lambda h, p: jax_mok.moe(h, p, implementation=impl))(h, p), None
+            layer = jax.checkpoint(lambda h, p: jax_mok.moe(h, p, implementation=impl))
+            return h + layer(h, p), None
         return jnp.sum(jax.lax.scan(body, x, stacked)[0] ** 2)
 
     got = jax.jit(jax.value_and_grad(net, argnums=(0, 1)), static_argnums=2)(x, stacked, "ffi")
