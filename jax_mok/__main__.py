@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="what is built and which devices JAX sees")
     for name in ("bench", "check"):
         p = sub.add_parser(name, help=f"{name} a preset's forward+backward")
-        p.add_argument("--preset", default="qwen3-30b-a3b", help=f"one of {sorted(testing.PRESETS)}")
+        p.add_argument("--preset", default="qwen3-30b-a3b",
+                       help=f"one of {sorted(testing.PRESETS)}")
         p.add_argument("--tokens", type=int, default=1024)
         p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
         p.add_argument("--iters", type=int, default=5)
