@@ -29,9 +29,9 @@ __global__ void combine_rows_kernel(const float* __restrict__ parts,
 }
 
 // d_w[t, j] = Σ_n dw_part[pos, n] over the n-tiles in order; 0 for skipped assignments.
-__global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
-                                 const int* __restrict__ assign_pos, float* __restrict__ d_w,
-                                 int assignments, int n_tiles) {
+static __global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
+                                        const int* __restrict__ assign_pos, float* __restrict__ d_w,
+                                        int assignments, int n_tiles) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= assignments) return;
   const int pos = assign_pos[idx];

@@ -11,7 +11,7 @@
 
 #include "common/problem.h"
 #include "cuda/handlers.h"
-#include "cuda/moe.cuh"
+#include "cuda/moe.h"
 #include "cuda/status.cuh"
 
 namespace mok::cuda {

@@ -296,9 +296,9 @@ template <Mode kMode, Epi kEpi, bool kTma = false, bool kTmaA = false>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
   using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
   const size_t smem = Cfg::smem_bytes(p.experts);
-  cudaError_t err = cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err =
+      cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA><<<num_sms, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();

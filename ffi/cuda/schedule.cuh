@@ -55,7 +55,7 @@ __device__ __forceinline__ void walk_chunk(const Routing& r, int chunk, int* cou
 }
 
 // counts per (chunk, expert)
-__global__ void route_count_kernel(Routing r) {
+static __global__ void route_count_kernel(Routing r) {
   const int chunk = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
   if (chunk >= r.chunks) return;
   walk_chunk(r, chunk, r.chunk_counts + static_cast<int64_t>(chunk) * r.experts,
@@ -64,7 +64,7 @@ __global__ void route_count_kernel(Routing r) {
 
 // One block: per-expert totals, expert offsets, m-tile prefix, and each chunk's base position
 // per expert (overwrites chunk_counts with bases).
-__global__ void route_scan_kernel(Routing r) {
+static __global__ void route_scan_kernel(Routing r) {
   __shared__ int carry_pos, carry_tiles;
   if (threadIdx.x == 0) carry_pos = carry_tiles = 0;
   __syncthreads();
@@ -123,7 +123,7 @@ __global__ void route_scan_kernel(Routing r) {
 }
 
 // Writes the sorted list; chunk_counts holds bases after route_scan_kernel.
-__global__ void route_place_kernel(Routing r) {
+static __global__ void route_place_kernel(Routing r) {
   const int chunk = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
   if (chunk >= r.chunks) return;
   walk_chunk(r, chunk, r.chunk_counts + static_cast<int64_t>(chunk) * r.experts,
@@ -134,7 +134,7 @@ __global__ void route_place_kernel(Routing r) {
              });
 }
 
-__global__ void route_mark_skipped_kernel(Routing r) {
+static __global__ void route_mark_skipped_kernel(Routing r) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= r.assignments) return;
   const int e = r.topk_ids[idx];

@@ -1,0 +1,106 @@
+// The backward phases: see moe.cuh for the phase list. A translation unit of its own so that the
+// forward and backward kernels compile in parallel.
+#include "cuda/moe.cuh"
+
+namespace mok::cuda {
+
+template <class T>
+ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
+                    const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
+                    const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd) {
+  const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
+  const bool wgmma = UseWgmma(pr.dtype);
+  const int bn = wgmma ? kWgmmaBN : kSimtBN;
+  const int g_tiles = CeilDiv(F, bn);
+  struct Buffers {
+    Routing r;
+    float* h;        // [P, 2F] recomputed gate/up pre-activations
+    T* dh;           // [P, 2F]
+    T* aw;           // [P, F]  w · a
+    float* dx_part;  // [P, H]
+    float* dw_part;  // [P, g_tiles]
+  } b;
+  auto layout = [&](Carve& c) {
+    b.r = CarveRouting(c, pr, ids);
+    b.h = c.take<float>(TK * 2 * F);
+    b.dh = c.take<T>(TK * 2 * F);
+    b.aw = c.take<T>(TK * F);
+    b.dx_part = c.take<float>(TK * H);
+    b.dw_part = c.take<float>(TK * g_tiles);
+  };
+  Carve probe;
+  layout(probe);
+  char* base;
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
+  Carve c{base};
+  layout(c);
+  const Routing& r = b.r;
+  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
+
+  GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored f32)
+  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
+  g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
+  g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
+  g1.out = b.h, g1.ldo = 2 * F;
+  MOK_RETURN_IF_ERROR(
+      Stage("gate/up GEMM (recompute)",
+            LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream), stream));
+
+  GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
+  g2.N = F, g2.K = H, g2.n_tiles = g_tiles;
+  g2.a = dy, g2.lda = H, g2.a_gather = r.sorted_token;
+  g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
+  g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
+  MOK_RETURN_IF_ERROR(
+      Stage("dy Wd^T GEMM + SwiGLU bwd",
+            LaunchGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(g2, wgmma, dev.sms, stream), stream));
+
+  GemmParams g3 = RoutedParams(r, w);  // dx_part = dh @ Wgu[e]^T
+  g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, bn);
+  g3.a = b.dh, g3.lda = 2 * F, g3.a_rows = TK;
+  g3.b = wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
+  g3.out = b.dx_part, g3.ldo = H;
+  MOK_RETURN_IF_ERROR(
+      Stage("dh Wgu^T GEMM",
+            LaunchGemm<T, Mode::kRoutedBK, Epi::kStoreF32>(g3, wgmma, dev.sms, stream), stream));
+
+  MOK_RETURN_IF_ERROR(
+      Stage("combine dx",
+            launch_combine<T>(b.dx_part, r.assign_pos, dx, static_cast<int>(pr.tokens),
+                              static_cast<int>(pr.top_k), static_cast<int>(H), dev.sms, stream),
+            stream));
+  reduce_dw_kernel<<<CeilDiv(TK, 256), 256, 0, stream>>>(b.dw_part, r.assign_pos, d_w,
+                                                         static_cast<int>(TK), g_tiles);
+  MOK_RETURN_IF_ERROR(Stage("reduce d_w", cudaGetLastError(), stream));
+
+  GemmParams g4 = RoutedParams(r, w);  // dWd[e] = (w·a)^T dy[tok]    [F, H]
+  g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, bn);
+  g4.a = b.aw, g4.lda = F;
+  g4.b = dy, g4.ldb = H, g4.b_gather = r.sorted_token;
+  g4.out = d_wd, g4.ldo = H;
+  MOK_RETURN_IF_ERROR(
+      Stage("dWd GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g4, wgmma, dev.sms, stream),
+            stream));
+
+  GemmParams g5 = RoutedParams(r, w);  // dWgu[e] = x[tok]^T dh          [H, 2F]
+  g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, bn);
+  g5.a = x, g5.lda = H, g5.a_gather = r.sorted_token;
+  g5.b = b.dh, g5.ldb = 2 * F;
+  g5.out = d_wgu, g5.ldo = 2 * F;
+  MOK_RETURN_IF_ERROR(
+      Stage("dWgu GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g5, wgmma, dev.sms, stream),
+            stream));
+  return ffi::Error::Success();
+}
+
+template ffi::Error Backward<bf16>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                   const DeviceInfo& dev, const Problem& pr, const bf16* dy,
+                                   const bf16* x, const int* ids, const float* w, const bf16* wgu,
+                                   const bf16* wd, bf16* dx, float* d_w, bf16* d_wgu, bf16* d_wd);
+template ffi::Error Backward<float>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                    const DeviceInfo& dev, const Problem& pr, const float* dy,
+                                    const float* x, const int* ids, const float* w,
+                                    const float* wgu, const float* wd, float* dx, float* d_w,
+                                    float* d_wgu, float* d_wd);
+
+}  // namespace mok::cuda

@@ -1,0 +1,66 @@
+// The forward phases: see moe.cuh for the phase list. A translation unit of its own so that the
+// forward and backward kernels compile in parallel.
+#include "cuda/moe.cuh"
+
+namespace mok::cuda {
+
+template <class T>
+ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
+                   const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
+                   const T* wd, T* y) {
+  const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
+  auto layout = [&](Carve& c, Routing* r, T** act, float** y_part) {
+    *r = CarveRouting(c, pr, ids);
+    *act = c.take<T>(TK * F);         // [P, F]
+    *y_part = c.take<float>(TK * H);  // [P, H]
+  };
+  Carve probe;
+  Routing r;
+  T* act;
+  float* y_part;
+  layout(probe, &r, &act, &y_part);
+  char* base;
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
+  Carve c{base};
+  layout(c, &r, &act, &y_part);
+
+  const bool wgmma = UseWgmma(pr.dtype);
+  const int bn = wgmma ? kWgmmaBN : kSimtBN;
+  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
+
+  GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
+  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
+  g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
+  g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
+  g1.out = act, g1.ldo = F;
+  MOK_RETURN_IF_ERROR(
+      Stage("gate/up GEMM + SwiGLU",
+            LaunchGemm<T, Mode::kRoutedBN, Epi::kSwiGLU>(g1, wgmma, dev.sms, stream), stream));
+
+  GemmParams g2 = RoutedParams(r, w);  // y_part = w · (a @ Wd[e])
+  g2.N = H, g2.K = F, g2.n_tiles = CeilDiv(H, bn);
+  g2.a = act, g2.lda = F, g2.a_rows = TK;
+  g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
+  g2.out = y_part, g2.ldo = H;
+  MOK_RETURN_IF_ERROR(
+      Stage("down GEMM x weight",
+            LaunchGemm<T, Mode::kRoutedBN, Epi::kWeighted>(g2, wgmma, dev.sms, stream), stream));
+
+  MOK_RETURN_IF_ERROR(
+      Stage("combine y",
+            launch_combine<T>(y_part, r.assign_pos, y, static_cast<int>(pr.tokens),
+                              static_cast<int>(pr.top_k), static_cast<int>(H), dev.sms, stream),
+            stream));
+  return ffi::Error::Success();
+}
+
+template ffi::Error Forward<bf16>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                  const DeviceInfo& dev, const Problem& pr, const bf16* x,
+                                  const int* ids, const float* w, const bf16* wgu, const bf16* wd,
+                                  bf16* y);
+template ffi::Error Forward<float>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                   const DeviceInfo& dev, const Problem& pr, const float* x,
+                                   const int* ids, const float* w, const float* wgu,
+                                   const float* wd, float* y);
+
+}  // namespace mok::cuda
