@@ -29,6 +29,10 @@ ffi::Error GetDevice(int32_t ordinal, DeviceInfo* info) {
     MOK_CUDA_RETURN(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, ordinal));
   }
   *info = c;
+  // Kernel attributes (dynamic shared memory) are set per device: make sure it is this one.
+  int current = -1;
+  MOK_CUDA_RETURN(cudaGetDevice(&current));
+  if (current != ordinal) MOK_CUDA_RETURN(cudaSetDevice(ordinal));
   if (c.major != 9) {
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
                       Msg("jax_mok CUDA kernels are built for sm_90a (Hopper, compute "
