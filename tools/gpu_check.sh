@@ -3,7 +3,8 @@
 # run the benchmark harness when it exists, and print a short table last.
 #   OUT=/some/dir tools/gpu_check.sh [quick|kernels|full]   (quick: S1,S3,S6 kernel timings;
 #   kernels: all shapes; full: + python -m benchmarks.run $BENCH_ARGS; ncu: build, smoke and
-#   hardware counters of the forward GEMMs of S3 and S2). Outputs land in $OUT.
+#   hardware counters of the forward GEMMs of S3 and S2; final: build, GPU tests and the harness
+#   only, for a short device budget). Outputs land in $OUT.
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,9 +83,19 @@ PY
 fi
 
 step "GPU tests"
-JAX_MOK_REQUIRE_CUDA=1 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider \
+JAX_MOK_REQUIRE_CUDA=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider \
   tests/test_cuda_kernels.py 2>&1 | tee "$OUT/tests.log" | tail -25
 TEST_RC=${PIPESTATUS[0]}
+
+if [ "$MODE" = final ]; then
+  # One lean run for a short device budget: build, GPU tests, then the harness (no extra timings).
+  step "benchmark harness"
+  timeout ${BENCH_TIMEOUT:-400} python3 -m benchmarks.run --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/bench.log" | grep -v "^  " | tail -60
+  step "summary"
+  grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+  exit $TEST_RC
+fi
 
 step "kernel timings"
 timeout 240 python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/timings.txt"

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -12,11 +12,21 @@ namespace mok {
 
 namespace ffi = xla::ffi;
 
+// Formats without iostreams: an ostringstream inside the extension crashed on the GPU machine
+// (seen 2026-11-29, libstdc++ locale state shared with jaxlib), and error paths must never crash.
+inline void AppendOne(std::string* out, const char* v) { out->append(v); }
+inline void AppendOne(std::string* out, const std::string& v) { out->append(v); }
+template <typename T>
+void AppendOne(std::string* out, T v) {
+  static_assert(std::is_arithmetic_v<T>, "StrCat takes strings and numbers");
+  out->append(std::to_string(v));
+}
+
 template <typename... Args>
 std::string StrCat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
+  std::string out;
+  (AppendOne(&out, args), ...);
+  return out;
 }
 
 }  // namespace mok
