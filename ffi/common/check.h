@@ -32,16 +32,16 @@ std::string StrCat(const Args&... args) {
 }  // namespace mok
 
 // Returns ffi::Error::InvalidArgument("<message>") from the enclosing handler when cond is false.
-#define MOK_CHECK(cond, ...)                                                            \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define MOK_CHECK(cond, ...)                                                              \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       return ::xla::ffi::Error::InvalidArgument(::mok::StrCat("jax_mok: ", __VA_ARGS__)); \
-    }                                                                                   \
+    }                                                                                     \
   } while (0)
 
 // Propagates a non-OK ffi::Error from a helper.
-#define MOK_RETURN_IF_ERROR(expr)            \
-  do {                                       \
-    ::xla::ffi::Error mok_error_ = (expr);   \
+#define MOK_RETURN_IF_ERROR(expr)                \
+  do {                                           \
+    ::xla::ffi::Error mok_error_ = (expr);       \
     if (mok_error_.failure()) return mok_error_; \
   } while (0)

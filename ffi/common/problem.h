@@ -9,23 +9,28 @@
 namespace mok {
 
 struct Problem {
-  int64_t tokens = 0;       // T
-  int64_t hidden = 0;       // H
-  int64_t ffn = 0;          // F
-  int64_t experts = 0;      // E
-  int64_t top_k = 0;        // k
-  ffi::DataType dtype{};    // x / weights
+  int64_t tokens = 0;     // T
+  int64_t hidden = 0;     // H
+  int64_t ffn = 0;        // F
+  int64_t experts = 0;    // E
+  int64_t top_k = 0;      // k
+  ffi::DataType dtype{};  // x / weights
 
   int64_t assignments() const { return tokens * top_k; }
 };
 
 inline const char* DtypeName(ffi::DataType t) {
   switch (t) {
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::S32: return "int32";
-    default: return "other";
+    case ffi::DataType::F32:
+      return "float32";
+    case ffi::DataType::BF16:
+      return "bfloat16";
+    case ffi::DataType::F16:
+      return "float16";
+    case ffi::DataType::S32:
+      return "int32";
+    default:
+      return "other";
   }
 }
 
@@ -53,17 +58,15 @@ inline ffi::Error ReadProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& top
             "x must be float32 or bfloat16, got ", DtypeName(p->dtype));
   MOK_CHECK(topk_ids.element_type() == ffi::DataType::S32, "topk_ids must be int32, got ",
             DtypeName(topk_ids.element_type()));
-  MOK_CHECK(topk_weights.element_type() == ffi::DataType::F32,
-            "topk_weights must be float32, got ", DtypeName(topk_weights.element_type()));
+  MOK_CHECK(topk_weights.element_type() == ffi::DataType::F32, "topk_weights must be float32, got ",
+            DtypeName(topk_weights.element_type()));
   MOK_CHECK(w_gate_up.element_type() == p->dtype && w_down.element_type() == p->dtype,
             "w_gate_up and w_down must have x's dtype ", DtypeName(p->dtype), ", got ",
             DtypeName(w_gate_up.element_type()), " and ", DtypeName(w_down.element_type()));
-  MOK_CHECK(id[0] == p->tokens && wd[0] == p->tokens && wd[1] == p->top_k,
-            "topk_ids ", id[0], "x", id[1], " and topk_weights ", wd[0], "x", wd[1],
-            " must both be [T=", p->tokens, ", k]");
-  MOK_CHECK(gu[1] == p->hidden && gu[2] == 2 * p->ffn,
-            "w_gate_up must be [E, H=", p->hidden, ", 2F=", 2 * p->ffn, "], got [", gu[0], ", ",
-            gu[1], ", ", gu[2], "]");
+  MOK_CHECK(id[0] == p->tokens && wd[0] == p->tokens && wd[1] == p->top_k, "topk_ids ", id[0], "x",
+            id[1], " and topk_weights ", wd[0], "x", wd[1], " must both be [T=", p->tokens, ", k]");
+  MOK_CHECK(gu[1] == p->hidden && gu[2] == 2 * p->ffn, "w_gate_up must be [E, H=", p->hidden,
+            ", 2F=", 2 * p->ffn, "], got [", gu[0], ", ", gu[1], ", ", gu[2], "]");
   MOK_CHECK(dn[0] == p->experts && dn[2] == p->hidden, "w_down must be [E=", p->experts,
             ", F, H=", p->hidden, "], got [", dn[0], ", ", dn[1], ", ", dn[2], "]");
   MOK_CHECK(p->experts >= 1 && p->top_k >= 1, "need E >= 1 and k >= 1, got E=", p->experts,

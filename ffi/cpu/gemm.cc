@@ -98,8 +98,7 @@ void Gemm(int64_t m, int64_t n, int64_t k, const MatView& a, const MatView& b, f
           const int nr = static_cast<int>(std::min<int64_t>(kNR, nc - jr));
           for (int64_t ir = 0; ir < mc; ir += kMR) {
             const int mr = static_cast<int>(std::min<int64_t>(kMR, mc - ir));
-            MicroKernel(kc, ap + ir * kc, bp + jr * kc, c + (i0 + ir) * ldc + j0 + jr, ldc, mr,
-                        nr);
+            MicroKernel(kc, ap + ir * kc, bp + jr * kc, c + (i0 + ir) * ldc + j0 + jr, ldc, mr, nr);
           }
         }
       }

@@ -1,9 +1,10 @@
 // XLA FFI handlers for platform "cpu": decode operands, validate, run the phases.
+#include "cpu/handlers.h"
+
 #include <exception>
 
 #include "common/check.h"
 #include "common/problem.h"
-#include "cpu/handlers.h"
 #include "cpu/phases.h"
 
 namespace mok::cpu {
@@ -59,8 +60,7 @@ ffi::Error MoeBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer topk_ids,
   MOK_CHECK(dy.element_type() == x.element_type() && dy.dimensions().size() == 2 &&
                 dy.dimensions()[0] == op.tokens && dy.dimensions()[1] == op.hidden,
             "dy must be [T=", op.tokens, ", H=", op.hidden, "] with x's dtype");
-  MOK_CHECK(d_topk_weights->element_type() == ffi::DataType::F32,
-            "d_topk_weights must be float32");
+  MOK_CHECK(d_topk_weights->element_type() == ffi::DataType::F32, "d_topk_weights must be float32");
   return Guard([&] {
     MoeBackward(op, dy.untyped_data(), dx->untyped_data(),
                 static_cast<float*>(d_topk_weights->untyped_data()), d_w_gate_up->untyped_data(),
@@ -73,22 +73,22 @@ ffi::Error MoeBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer topk_ids,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCpu, mok::cpu::MoeFwd,
                               xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()   // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>()); // y [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
+                                  .Ret<xla::ffi::AnyBuffer>());  // y [T, H]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCpu, mok::cpu::MoeBwd,
                               xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()   // dy [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()   // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()   // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()   // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>()   // dx [T, H]
-                                  .Ret<xla::ffi::AnyBuffer>()   // d_topk_weights [T, k] f32
-                                  .Ret<xla::ffi::AnyBuffer>()   // d_w_gate_up [E, H, 2F]
-                                  .Ret<xla::ffi::AnyBuffer>()); // d_w_down [E, F, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // dy [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
+                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
+                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
+                                  .Ret<xla::ffi::AnyBuffer>()    // dx [T, H]
+                                  .Ret<xla::ffi::AnyBuffer>()    // d_topk_weights [T, k] f32
+                                  .Ret<xla::ffi::AnyBuffer>()    // d_w_gate_up [E, H, 2F]
+                                  .Ret<xla::ffi::AnyBuffer>());  // d_w_down [E, F, H]

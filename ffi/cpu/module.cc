@@ -20,6 +20,7 @@ NB_MODULE(_mok_cpu, m) {
     d["mok_moe_bwd"] = Capsule(MokMoeBwdCpu);
     return d;
   });
-  m.def("num_threads", [] { return mok::cpu::NumThreads(); },
-        "Threads the CPU kernels use (JAX_MOK_CPU_THREADS overrides).");
+  m.def(
+      "num_threads", [] { return mok::cpu::NumThreads(); },
+      "Threads the CPU kernels use (JAX_MOK_CPU_THREADS overrides).");
 }

@@ -102,8 +102,8 @@ void MoeForward(const MoeOperands& op, void* y) {
     const MatView w_gate_up =
         RowMajor(Offset(op.w_gate_up, op.dtype, it.expert * H * 2 * F), op.dtype, 2 * F);
     Gemm(it.rows, 2 * F, H, x_rows, w_gate_up, s.h.data(), 2 * F, &s.gemm);  // (rows, 2F)
-    SwiGlu(s.h.data(), it.rows, F, s.a.data());                                  // (rows, F)
-    float* out = outs.data() + it.begin * H;                                     // (rows, H)
+    SwiGlu(s.h.data(), it.rows, F, s.a.data());                              // (rows, F)
+    float* out = outs.data() + it.begin * H;                                 // (rows, H)
     std::fill(out, out + it.rows * H, 0.0f);
     const MatView w_down = RowMajor(Offset(op.w_down, op.dtype, it.expert * F * H), op.dtype, H);
     Gemm(it.rows, H, F, RowMajor(s.a.data(), Dtype::kF32, F), w_down, out, H, &s.gemm);
@@ -147,24 +147,24 @@ void MoeBackward(const MoeOperands& op, const void* dy, void* dx, float* d_topk_
     for (int64_t begin = plan.offsets[e]; begin < plan.offsets[e + 1]; begin += kRowBlock) {
       const int64_t rows = std::min(kRowBlock, plan.offsets[e + 1] - begin);
       const int64_t* tokens = plan.token_of.data() + begin;
-      const MatView x_rows{op.x, op.dtype, H, 1, tokens, nullptr};   // (rows, H)
-      const MatView dy_rows{dy, op.dtype, H, 1, tokens, nullptr};    // (rows, H)
+      const MatView x_rows{op.x, op.dtype, H, 1, tokens, nullptr};  // (rows, H)
+      const MatView dy_rows{dy, op.dtype, H, 1, tokens, nullptr};   // (rows, H)
       s.h.assign(static_cast<size_t>(rows * 2 * F), 0.0f);
       s.a.resize(static_cast<size_t>(rows * F));
       s.g.assign(static_cast<size_t>(rows * F), 0.0f);
       s.a_weighted.resize(static_cast<size_t>(rows * F));
       Gemm(rows, 2 * F, H, x_rows, RowMajor(wgu_e, op.dtype, 2 * F), s.h.data(), 2 * F,
-           &s.gemm);                                                  // h (rows, 2F)
-      SwiGlu(s.h.data(), rows, F, s.a.data());                        // a (rows, F)
-      const MatView wd_t{wd_e, op.dtype, 1, H, nullptr, nullptr};     // Wd^T (H, F)
-      Gemm(rows, F, H, dy_rows, wd_t, s.g.data(), F, &s.gemm);         // g = dy Wd^T (rows, F)
+           &s.gemm);                                               // h (rows, 2F)
+      SwiGlu(s.h.data(), rows, F, s.a.data());                     // a (rows, F)
+      const MatView wd_t{wd_e, op.dtype, 1, H, nullptr, nullptr};  // Wd^T (H, F)
+      Gemm(rows, F, H, dy_rows, wd_t, s.g.data(), F, &s.gemm);     // g = dy Wd^T (rows, F)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t assignment = plan.order[begin + r];
         const float weight = op.topk_weights[assignment];
         float dot = 0.0f;
         for (int64_t f = 0; f < F; ++f) {
           dot += s.g[r * F + f] * s.a[r * F + f];
-          s.g[r * F + f] *= weight;                                   // d_a
+          s.g[r * F + f] *= weight;  // d_a
           s.a_weighted[r * F + f] = s.a[r * F + f] * weight;
         }
         d_topk_weights[assignment] = dot;
@@ -172,11 +172,11 @@ void MoeBackward(const MoeOperands& op, const void* dy, void* dx, float* d_topk_
       // dWd += (w a)^T dy : (F, rows) @ (rows, H)
       const MatView aw_t{s.a_weighted.data(), Dtype::kF32, 1, F, nullptr, nullptr};
       Gemm(F, H, rows, aw_t, dy_rows, s.d_down.data(), H, &s.gemm);
-      SwiGluBackward(s.h.data(), s.g.data(), rows, F);                // h := d_h (rows, 2F)
+      SwiGluBackward(s.h.data(), s.g.data(), rows, F);  // h := d_h (rows, 2F)
       // dWgu += x^T d_h : (H, rows) @ (rows, 2F)
       const MatView x_t{op.x, op.dtype, 1, H, nullptr, tokens};
-      Gemm(H, 2 * F, rows, x_t, RowMajor(s.h.data(), Dtype::kF32, 2 * F), s.d_gate_up.data(),
-           2 * F, &s.gemm);
+      Gemm(H, 2 * F, rows, x_t, RowMajor(s.h.data(), Dtype::kF32, 2 * F), s.d_gate_up.data(), 2 * F,
+           &s.gemm);
       // dx rows = d_h Wgu^T : (rows, 2F) @ (2F, H)
       float* dx_out = dx_rows.data() + begin * H;
       std::fill(dx_out, dx_out + rows * H, 0.0f);

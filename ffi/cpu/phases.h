@@ -10,11 +10,11 @@
 namespace mok::cpu {
 
 struct MoeOperands {
-  const void* x = nullptr;             // [T, H]
-  const int32_t* topk_ids = nullptr;   // [T, k]
-  const float* topk_weights = nullptr; // [T, k]
-  const void* w_gate_up = nullptr;     // [E, H, 2F]
-  const void* w_down = nullptr;        // [E, F, H]
+  const void* x = nullptr;              // [T, H]
+  const int32_t* topk_ids = nullptr;    // [T, k]
+  const float* topk_weights = nullptr;  // [T, k]
+  const void* w_gate_up = nullptr;      // [E, H, 2F]
+  const void* w_down = nullptr;         // [E, F, H]
   Dtype dtype = Dtype::kF32;
   int64_t tokens = 0, hidden = 0, ffn = 0, experts = 0, top_k = 0;
 };

@@ -10,10 +10,10 @@ namespace mok::cpu {
 struct RoutingPlan {
   int64_t experts = 0;
   int64_t top_k = 0;
-  std::vector<int64_t> offsets;    // [E+1]: expert e owns sorted slots offsets[e]..offsets[e+1]
-  std::vector<int64_t> order;      // [valid]: flat assignment index t*k + j, sorted by expert
-  std::vector<int64_t> token_of;   // [valid]: token t of each sorted slot (gather index)
-  std::vector<int64_t> slot_of;    // [T*k]: sorted slot of each assignment, -1 when skipped
+  std::vector<int64_t> offsets;   // [E+1]: expert e owns sorted slots offsets[e]..offsets[e+1]
+  std::vector<int64_t> order;     // [valid]: flat assignment index t*k + j, sorted by expert
+  std::vector<int64_t> token_of;  // [valid]: token t of each sorted slot (gather index)
+  std::vector<int64_t> slot_of;   // [T*k]: sorted slot of each assignment, -1 when skipped
 
   int64_t valid() const { return static_cast<int64_t>(order.size()); }
 };

@@ -50,8 +50,8 @@ ffi::Error CheckCommon(const Problem& pr) {
   MOK_CUDA_CHECK(pr.assignments() < (int64_t{1} << 30), "T*k must be < 2^30, got ",
                  pr.assignments());
   // The GEMM kernels keep two (E+1)-entry prefix arrays in shared memory beside the tile ring.
-  MOK_CUDA_CHECK(pr.experts <= 4096, "the CUDA kernels support E <= 4096 experts per call, got E=",
-                 pr.experts);
+  MOK_CUDA_CHECK(pr.experts <= 4096,
+                 "the CUDA kernels support E <= 4096 experts per call, got E=", pr.experts);
   return ffi::Error::Success();
 }
 
