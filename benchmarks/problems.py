@@ -264,16 +264,26 @@ def _reference_vjp(x, local_ids, tw, w_gate_up, w_down, dy):
 
 
 @jax.jit
-def _reference_token_outputs(x, local_ids, tw, w_gate_up, w_down, dy):
-    """``(y, dx, d_w)`` only, so that XLA drops the unused weight gradients."""
-    y, (dx, dtw, _, _) = _reference_vjp(x, local_ids, tw, w_gate_up, w_down, dy)
+def _reference_token_outputs(s0_args, tok, local_ids, slots):
+    """``(y, dx, d_w)`` of tokens ``tok`` seeing experts ``slots`` only (gathers inside the jit,
+    one compilation for every chunk; XLA drops the unused weight gradients)."""
+    x, _, tw, w_gate_up, w_down, dy = s0_args
+    f32 = jnp.float32
+    y, (dx, dtw, _, _) = _reference_vjp(
+        x[tok].astype(f32), local_ids, tw[tok], w_gate_up[slots].astype(f32),
+        w_down[slots].astype(f32), dy[tok].astype(f32))
     return y, dx, dtw
 
 
 @jax.jit
-def _reference_weight_grads(x, local_ids, tw, w_gate_up, w_down, dy):
-    _, (_, _, dgu, dd) = _reference_vjp(x, local_ids, tw, w_gate_up, w_down, dy)
-    return dgu, dd
+def _reference_weight_grads(s0_args, tok, local_ids, experts, h_rows, f_rows):
+    """Sampled rows of the weight gradients of ``experts`` from the assignments in local_ids."""
+    x, _, tw, w_gate_up, w_down, dy = s0_args
+    f32 = jnp.float32
+    _, (_, _, dgu, dd) = _reference_vjp(
+        x[tok].astype(f32), local_ids, tw[tok], w_gate_up[experts].astype(f32),
+        w_down[experts].astype(f32), dy[tok].astype(f32))
+    return dgu[:, h_rows], dd[:, f_rows]
 
 
 def reference_probe(problem: Problem, probe: Probe,
@@ -290,12 +300,12 @@ def reference_probe(problem: Problem, probe: Probe,
     """
     s0 = problem.sets[0]
     k = s0.ids.shape[1]
-    f32 = jnp.float32
     all_ids = np.asarray(s0.ids)
     tokens = probe.tokens
     per_chunk = max(1, assignments_per_chunk // k)
     padded = np.concatenate([tokens, np.repeat(tokens[-1:], -len(tokens) % per_chunk)])
     ys, dxs, dtws = [], [], []
+    args = (s0.x, s0.ids, s0.weights, s0.w_gate_up, s0.w_down, s0.dy)
     with jax.default_matmul_precision("highest"):
         for c in range(0, len(padded), per_chunk):
             tok = padded[c:c + per_chunk]
@@ -304,10 +314,7 @@ def reference_probe(problem: Problem, probe: Probe,
             slots = np.full(per_chunk * k, touched[0])  # fixed expert count per chunk
             slots[:touched.size] = touched
             local_ids = np.searchsorted(touched, ids).astype(np.int32)
-            jt, je = jnp.asarray(tok), jnp.asarray(slots)
-            y, dx, dtw = _reference_token_outputs(
-                s0.x[jt].astype(f32), jnp.asarray(local_ids), s0.weights[jt],
-                s0.w_gate_up[je].astype(f32), s0.w_down[je].astype(f32), s0.dy[jt].astype(f32))
+            y, dx, dtw = _reference_token_outputs(args, tok, local_ids, slots)
             ys.append(np.asarray(y))
             dxs.append(np.asarray(dx))
             dtws.append(np.asarray(dtw))
@@ -319,12 +326,10 @@ def reference_probe(problem: Problem, probe: Probe,
         local = np.full(ids.shape, DROPPED, np.int32)
         for q, e in enumerate(probe.experts):
             local[ids == e] = q
-        jt, je = jnp.asarray(tokens), jnp.asarray(probe.experts)
-        dgu, dd = _reference_weight_grads(
-            s0.x[jt].astype(f32), jnp.asarray(local), s0.weights[jt],
-            s0.w_gate_up[je].astype(f32), s0.w_down[je].astype(f32), s0.dy[jt].astype(f32))
-    out["d_w_gate_up"] = np.asarray(dgu[:, jnp.asarray(probe.h_rows)])
-    out["d_w_down"] = np.asarray(dd[:, jnp.asarray(probe.f_rows)])
+        dgu, dd = _reference_weight_grads(args, tokens, local, probe.experts, probe.h_rows,
+                                          probe.f_rows)
+    out["d_w_gate_up"] = np.asarray(dgu)
+    out["d_w_down"] = np.asarray(dd)
     return out
 
 

@@ -165,7 +165,7 @@ def chart(result: dict, path: str) -> None:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     machine = result["meta"].get("machine", {})
     fig.suptitle(f"jax_mok vs peers — {machine.get('gpu_name') or machine.get('device_kind', '')}"
-                 f" — {result['meta'].get('git_commit', '')[:10]}")
+                 f" — {(result['meta'].get('git_commit') or 'commit ?')[:10]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             "date": stamp.isoformat(timespec="seconds"),
             "command": "python -m benchmarks.run " + " ".join(
                 shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
-            "git_commit": _git("rev-parse", "HEAD"),
+            # a tree copied without .git (the GPU machine) can name its commit in the environment
+            "git_commit": _git("rev-parse", "HEAD") or os.environ.get("JAX_MOK_GIT_COMMIT"),
             "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "machine": orch.machine,
             "protocol": protocol,
