@@ -154,12 +154,15 @@ def chart(result: dict, path: str) -> None:
                 elif r is not None:
                     ax.text(x, 0, STATUS_LABEL.get(r.get("status"), "?"), rotation=90,
                             ha="center", va="bottom", fontsize=7)
-            ax.bar(xs, heights, width, label=impl, color=COLORS.get(impl))
+            # an empty bar list would give the legend a default colour: draw a zero-height bar
+            ax.bar(xs or [0.0], heights or [0.0], width, label=impl, color=COLORS.get(impl))
         if ceiling and not math.isnan(ceiling):
             ax.axhline(ceiling, color="gray", linestyle="--", linewidth=0.8,
                        label=f"bf16 matmul ceiling {ceiling:.3g}")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([f"{s}\n{r}" for s, r in groups])
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(-0.5, len(groups) - 0.5)
         ax.set_ylabel("TFLOP/s (routed)")
         ax.set_title(f"{passname}")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -167,7 +170,7 @@ def chart(result: dict, path: str) -> None:
     fig.suptitle(f"jax_mok vs peers — {machine.get('gpu_name') or machine.get('device_kind', '')}"
                  f" — {(result['meta'].get('git_commit') or 'commit ?')[:10]}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
