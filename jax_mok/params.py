@@ -47,8 +47,9 @@ def init_params(key: jax.Array, config: MoEConfig, dtype=jnp.bfloat16) -> MoEPar
     k_router, k_gu, k_down, k_sgu, k_sdown = jax.random.split(key, 5)
 
     def fan_in(k, shape, fan):
-        std = 1.0 / math.sqrt(fan)
-        return (jax.random.truncated_normal(k, -2.0, 2.0, shape, jnp.float32) * std).astype(dtype)
+        # Drawn in the target dtype: a float32 temporary of S4's w_gate_up alone would be 67 GB.
+        std = jnp.asarray(1.0 / math.sqrt(fan), dtype)
+        return jax.random.truncated_normal(k, -2.0, 2.0, shape, dtype) * std
 
     router = jax.random.normal(k_router, (H, E), jnp.float32) / math.sqrt(H)
     router_bias = jnp.zeros((E,), jnp.float32) if config.routing == "sigmoid" else None

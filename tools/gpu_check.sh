@@ -12,13 +12,16 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 MODE=${1:-full}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9
+# The device copy of the tree has no .git: pass JAX_MOK_GIT_COMMIT=$(git rev-parse --short HEAD)
+# in the run command so that every benchmark record names its commit.
+export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PATH=/usr/local/cuda/bin:$PATH
 
 step() { echo "=== $(date +%T) $*"; }
 
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/machine.txt"
+echo "commit $JAX_MOK_GIT_COMMIT" | tee -a "$OUT/machine.txt"
 
 step "carried wheels"
 if ls .whl/*.whl >/dev/null 2>&1; then
