@@ -11,47 +11,19 @@ import functools
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
-from jax_mok import autodiff
+from jax_mok import autodiff, reference
 
 JAX_IMPLS = ("jax_mok", "B1", "B2")
 
 
 def dense_padded_experts(x: jax.Array, ids: jax.Array, topk_weights: jax.Array,
                          w_gate_up: jax.Array, w_down: jax.Array, *, capacity: int) -> jax.Array:
-    """B2: routed experts as two batched einsums over ``[E, capacity, ...]`` padded buffers.
-
-    Assignments are sorted by expert (stable, so token order within an expert) and scattered into
-    slot ``e * capacity + rank``; empty slots stay zero and cost FLOPs like real ones. ``capacity``
-    must be at least the largest expert count (the harness passes the actual maximum, computed on
-    the host before jit: a static bound a real model could not know, so B2 gets its best case).
-    Ids outside ``[0, E)`` are skipped. Returns ``y [T, H]`` in x's dtype (float32 combine).
-    """
-    T, k = ids.shape
-    E, H, two_f = w_gate_up.shape
-    F = two_f // 2
-    flat = ids.reshape(-1)
-    valid = (flat >= 0) & (flat < E)
-    key = jnp.where(valid, flat, E)
-    order = jnp.argsort(key, stable=True)  # [T*k] assignment index, grouped by expert
-    sorted_key = key[order]
-    counts = jnp.bincount(key, length=E + 1)
-    starts = jnp.cumsum(counts) - counts
-    rank = jnp.arange(T * k) - starts[sorted_key]
-    trash = E * capacity  # one spare row takes skipped assignments
-    slot_sorted = jnp.where(sorted_key < E, sorted_key * capacity + rank, trash)
-    slot = jnp.zeros((T * k,), jnp.int32).at[order].set(slot_sorted.astype(jnp.int32))
-    rows = jnp.repeat(x, k, axis=0)  # [T*k, H] row of each assignment, token-major
-    buf = jnp.zeros((E * capacity + 1, H), x.dtype).at[slot].set(rows)
-    buf = buf[:trash].reshape(E, capacity, H)
-    h = jnp.einsum("ech,ehf->ecf", buf, w_gate_up, preferred_element_type=jnp.float32)
-    a = (jax.nn.silu(h[..., :F]) * h[..., F:]).astype(x.dtype)  # [E, C, F]
-    out = jnp.einsum("ecf,efh->ech", a, w_down, preferred_element_type=jnp.float32)
-    out = jnp.concatenate([out.reshape(E * capacity, H), jnp.zeros((1, H), out.dtype)])
-    picked = out[slot].reshape(T, k, H)  # [T, k, H] f32
-    w = jnp.where(valid, topk_weights.reshape(-1), 0.0).reshape(T, k, 1)
-    return (picked * w).sum(1).astype(x.dtype)
+    """B2: routed experts as two batched einsums over ``[E, capacity, ...]`` padded buffers
+    (:func:`jax_mok.reference.routed_experts_padded`). The harness passes the actual maximum
+    expert count, computed on the host before jit: a static bound a real model could not know, so
+    B2 gets its best case."""
+    return reference.routed_experts_padded(x, ids, topk_weights, w_gate_up, w_down, capacity)
 
 
 def b2_capacity(max_count: int) -> int:

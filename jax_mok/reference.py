@@ -42,43 +42,40 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
 
 def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
                           w_gate_up: jax.Array, w_down: jax.Array, capacity: int) -> jax.Array:
-    """The same function as :func:`routed_experts` through a padded batched einsum.
+    """The same function as :func:`routed_experts` through two padded batched einsums.
 
-    Every expert gets ``capacity`` row slots (a static int that must be >= the largest expert
-    count, e.g. measured on the host); the work is ``E * capacity`` rows instead of ``T * k``.
-    XLA:CPU runs ``ragged_dot`` as one dense product per group (cost linear in E), so this form is
-    the fast oracle for large E on the CPU. Rows past an expert's count are zero and masked.
+    Assignments are sorted by expert (stable, so token order within an expert) and placed in slot
+    ``e * capacity + rank`` of an ``[E, capacity, H]`` buffer; empty slots stay zero and cost
+    FLOPs like real ones. ``capacity`` (static) must be >= the largest expert count, e.g. measured
+    on the host. XLA:CPU runs ``ragged_dot`` as one dense product per group (cost linear in E), so
+    this form is the fast oracle for large E on the CPU; it is also the benchmarks' peer B2.
+    Ids outside ``[0, E)`` are skipped. Returns ``y [T, H]`` in x's dtype (float32 combine, in
+    slot order j = 0..k-1).
     """
     T, k = topk_ids.shape
-    E, _, two_f = w_gate_up.shape
+    E, H, two_f = w_gate_up.shape
     F = two_f // 2
-    flat_ids = topk_ids.reshape(-1)
-    valid = (flat_ids >= 0) & (flat_ids < E)
-    sort_key = jnp.where(valid, flat_ids, E)
-    order = jnp.argsort(sort_key, stable=True)
-    counts = jnp.bincount(sort_key, length=E + 1)
+    flat = topk_ids.reshape(-1)
+    valid = (flat >= 0) & (flat < E)
+    key = jnp.where(valid, flat, E)
+    order = jnp.argsort(key, stable=True)  # [T*k] assignment index, grouped by expert
+    sorted_key = key[order]
+    counts = jnp.bincount(key, length=E + 1)
     starts = jnp.cumsum(counts) - counts
-    sorted_key = sort_key[order]
     rank = jnp.arange(T * k) - starts[sorted_key]
-    # slot (expert, rank) -> sorted row; rows of skipped assignments and overflow go nowhere
-    keep = (sorted_key < E) & (rank < capacity)
-    dest = jnp.where(keep, sorted_key * capacity + rank, E * capacity)
-    slot_rows = jnp.full((E * capacity + 1,), T * k, jnp.int32).at[dest].set(
-        jnp.arange(T * k, dtype=jnp.int32))[:-1]
-    padded_order = jnp.concatenate([order, jnp.zeros((1,), order.dtype)])
-    slot_valid = slot_rows < T * k
-    tokens = padded_order[slot_rows] // k
-    xs = jnp.where(slot_valid[:, None], x2d[tokens], 0).reshape(E, capacity, -1)
-    h = jnp.einsum("ech,ehf->ecf", xs, w_gate_up, preferred_element_type=jnp.float32)
-    a = jax.nn.silu(h[..., :F]) * h[..., F:]
-    out = jnp.einsum("ecf,efh->ech", a.astype(x2d.dtype), w_down,
-                     preferred_element_type=jnp.float32).reshape(E * capacity, -1)
-    flat_w = jnp.where(valid, topk_weights.reshape(-1), 0.0)
-    slot_w = jnp.where(slot_valid, flat_w[padded_order[slot_rows]], 0.0)
-    contrib = out * slot_w[:, None]
-    y = jnp.zeros((T, out.shape[-1]), jnp.float32).at[tokens].add(
-        jnp.where(slot_valid[:, None], contrib, 0.0))
-    return y.astype(x2d.dtype)
+    trash = E * capacity  # one spare row takes skipped assignments
+    slot_sorted = jnp.where(sorted_key < E, sorted_key * capacity + rank, trash)
+    slot = jnp.zeros((T * k,), jnp.int32).at[order].set(slot_sorted.astype(jnp.int32))
+    rows = jnp.repeat(x2d, k, axis=0)  # [T*k, H] row of each assignment, token-major
+    buf = jnp.zeros((E * capacity + 1, H), x2d.dtype).at[slot].set(rows)
+    buf = buf[:trash].reshape(E, capacity, H)
+    h = jnp.einsum("ech,ehf->ecf", buf, w_gate_up, preferred_element_type=jnp.float32)
+    a = (jax.nn.silu(h[..., :F]) * h[..., F:]).astype(x2d.dtype)  # [E, C, F]
+    out = jnp.einsum("ecf,efh->ech", a, w_down, preferred_element_type=jnp.float32)
+    out = jnp.concatenate([out.reshape(E * capacity, H), jnp.zeros((1, H), out.dtype)])
+    picked = out[slot].reshape(T, k, H)  # [T, k, H] f32
+    w = jnp.where(valid, topk_weights.reshape(-1), 0.0).reshape(T, k, 1)
+    return (picked * w).sum(1).astype(x2d.dtype)
 
 
 def moe(x: jax.Array, params, *, return_aux: bool = False, implementation: str | None = None):

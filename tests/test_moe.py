@@ -206,3 +206,20 @@ def test_input_dtypes_mixed_params_are_cast():
     y = jax_mok.moe(x, params32)
     assert y.dtype == BF16
     assert testing.rel_error(y, reference.moe(testing.upcast(x), params32)) <= 1e-2
+
+
+def test_padded_oracle_matches_reference():
+    # reference.routed_experts_padded is the CPU oracle of `python -m jax_mok bench` and peer B2.
+    x, ids, w, wgu, wd = testing.random_inputs(
+        jax.random.key(11), testing.Shape("t", "t", 77, 24, 16, 6, 2), F32)
+    ids = ids.at[3, 1].set(-1)
+    capacity = int(np.bincount(np.asarray(ids)[np.asarray(ids) >= 0]).max())
+
+    def grads(fn):
+        return jax.value_and_grad(lambda *z: jnp.sum(fn(z[0], ids, *z[1:]) ** 2),
+                                  argnums=(0, 1, 2, 3))(x, w, wgu, wd)
+
+    padded = grads(lambda *a: reference.routed_experts_padded(*a, capacity))
+    for got, want in zip(jax.tree.leaves(padded), jax.tree.leaves(grads(reference.routed_experts)),
+                         strict=True):
+        assert testing.rel_error(got, want) <= 1e-5

@@ -3,6 +3,7 @@
 
 #include <exception>
 
+#include "common/bindings.h"
 #include "common/check.h"
 #include "common/problem.h"
 #include "cpu/phases.h"
@@ -72,23 +73,7 @@ ffi::Error MoeBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer topk_ids,
 }  // namespace mok::cpu
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCpu, mok::cpu::MoeFwd,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>());  // y [T, H]
+                              mok::BindForwardOperands(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCpu, mok::cpu::MoeBwd,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()    // dy [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>()    // dx [T, H]
-                                  .Ret<xla::ffi::AnyBuffer>()    // d_topk_weights [T, k] f32
-                                  .Ret<xla::ffi::AnyBuffer>()    // d_w_gate_up [E, H, 2F]
-                                  .Ret<xla::ffi::AnyBuffer>());  // d_w_down [E, F, H]
+                              mok::BindBackwardOperands(xla::ffi::Ffi::Bind()));

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/bindings.h"
 #include "common/problem.h"
 #include "cuda/handlers.h"
 #include "cuda/moe.h"
@@ -152,30 +153,18 @@ bool HasWgmmaPath() {
 
 }  // namespace mok::cuda
 
+namespace {
+// Context first (stream, scratch, device), then the operands shared with every backend.
+auto CudaContext() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<xla::ffi::ScratchAllocator>()
+      .Ctx<xla::ffi::DeviceOrdinal>();
+}
+}  // namespace
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCuda, mok::cuda::MoeFwd,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>());  // y [T, H]
+                              mok::BindForwardOperands(CudaContext()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCuda, mok::cuda::MoeBwd,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()    // dy [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()    // x [T, H]
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_ids [T, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()    // topk_weights [T, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_gate_up [E, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()    // w_down [E, F, H]
-                                  .Ret<xla::ffi::AnyBuffer>()    // dx [T, H]
-                                  .Ret<xla::ffi::AnyBuffer>()    // d_topk_weights [T, k] f32
-                                  .Ret<xla::ffi::AnyBuffer>()    // d_w_gate_up [E, H, 2F]
-                                  .Ret<xla::ffi::AnyBuffer>());  // d_w_down [E, F, H]
+                              mok::BindBackwardOperands(CudaContext()));
