@@ -1,8 +1,13 @@
 // Python module `jax_mok._mok_cuda`: hands the CUDA handlers to jax_mok._ffi as capsules.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
+#include <string>
+
+#include "cuda/ep_handlers.h"
 #include "cuda/handlers.h"
+#include "cuda/symmetric.h"
 
 namespace nb = nanobind;
 
@@ -18,6 +23,9 @@ NB_MODULE(_mok_cuda, m) {
     nb::dict d;
     d["mok_moe_fwd"] = Capsule(MokMoeFwdCuda);
     d["mok_moe_bwd"] = Capsule(MokMoeBwdCuda);
+    // Peer transport (docs/peer-transport.md): compile-checked, not yet run on a GPU.
+    d["mok_ep_dispatch"] = Capsule(MokEpDispatchCuda);
+    d["mok_ep_combine"] = Capsule(MokEpCombineCuda);
     return d;
   });
   m.def("device_info", [] {
@@ -28,4 +36,29 @@ NB_MODULE(_mok_cuda, m) {
     d["weight_tiles_env"] = "weight tiles by TMA; JAX_MOK_CUDA_TMA=0 uses cp.async";
     return d;
   });
+
+  // Symmetric workspace bootstrap for jax_mok/workspace.py (not yet run on a GPU).
+  namespace sym = mok::cuda::symmetric;
+  m.def("can_access_peer", &sym::CanAccessPeer, nb::arg("a"), nb::arg("b"),
+        "Peer access with native atomics between CUDA ordinals a and b (NVLink stand-in).");
+  m.def("fabric_supported", &sym::FabricSupported, nb::arg("ordinal"));
+  m.def("workspace_alloc", &sym::Alloc, nb::arg("id"), nb::arg("ordinal"), nb::arg("rank"),
+        nb::arg("ep_size"), nb::arg("bytes"), nb::arg("fabric"));
+  m.def(
+      "workspace_export",
+      [](int64_t id, int ordinal) {
+        const std::string h = sym::Export(id, ordinal);
+        return nb::bytes(h.data(), h.size());
+      },
+      nb::arg("id"), nb::arg("ordinal"));
+  m.def("workspace_link_local", &sym::LinkLocal, nb::arg("id"), nb::arg("ordinal"),
+        nb::arg("peer_rank"), nb::arg("peer_ordinal"));
+  m.def(
+      "workspace_open_peer",
+      [](int64_t id, int ordinal, int peer_rank, nb::bytes handle) {
+        sym::OpenPeer(id, ordinal, peer_rank, std::string(handle.c_str(), handle.size()));
+      },
+      nb::arg("id"), nb::arg("ordinal"), nb::arg("peer_rank"), nb::arg("handle"));
+  m.def("workspace_finalize", &sym::Finalize, nb::arg("id"), nb::arg("ordinal"));
+  m.def("workspace_free_all", &sym::FreeAll);
 }

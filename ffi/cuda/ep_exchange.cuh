@@ -1,0 +1,186 @@
+// The staged peer-transport kernel (docs/peer-transport.md): one launch per exchange.
+//   1. push   : every CTA stores its share of my chunk d into rank d's receive region
+//               (half = epoch & 1, source = me) with 16-byte stores over NVLink;
+//   2. signal : the last CTA to finish pushing stores arrival[me] = epoch into every peer
+//               (st.release.sys), after __threadfence_system() by every pushing thread;
+//   3. wait   : thread 0 of every CTA waits (bounded) for arrival[s] >= epoch from every peer;
+//   4. read   : dispatch mode copies the receive regions into XLA's outputs; combine mode reduces
+//               the rows of every token over the ranks in ascending order (float32);
+//   5. finish : the last CTA to finish reading stores epoch, so the next call uses epoch + 1.
+// Co-residency: the grid is at most 2 x SMs CTAs of kThreads threads (see the launcher).
+//
+// Status (2026-11-29): compile-checked with nvcc 13.0 for sm_90a, NOT run on a GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+#include "cuda/ep_sync.cuh"
+#include "cuda/symmetric.h"
+
+namespace mok::cuda::ep {
+
+constexpr int kThreads = 256;
+constexpr int kMaxFields = 3;
+
+// One array exchanged chunk by chunk: src/dst are [EP, chunk_bytes] (XLA buffers).
+struct Field {
+  const char* src = nullptr;
+  char* dst = nullptr;      // dispatch mode only
+  int64_t chunk_bytes = 0;  // bytes of one (source, destination) chunk, a multiple of 4
+  int64_t offset = 0;       // where the field starts inside a receive region (16-byte aligned)
+};
+
+struct Exchange {
+  Field field[kMaxFields];
+  int num_fields = 0;
+  int rank = 0, ep = 0, phase = 0;
+  char* const* peers = nullptr;  // device table: every rank's workspace base
+  int64_t region_bytes = 0;      // one receive region (half, source)
+  volatile unsigned int* error = nullptr;
+  unsigned long long timeout_ns = 0;
+  // combine mode: y[t] = sum over d ascending with home_row[t, d] >= 0 of rows[d][home_row[t, d]]
+  const int* home_row = nullptr;  // [T, EP]
+  float* y = nullptr;             // [T, H]
+  int64_t tokens = 0, hidden = 0;
+};
+
+__device__ __forceinline__ char* region(const Exchange& p, int owner, int half, int source) {
+  return p.peers[owner] + symmetric::kSignalBytes +
+         (static_cast<int64_t>(half) * p.ep + source) * p.region_bytes;
+}
+
+// dst[0:bytes) = src[0:bytes), spread over all threads of the grid; 16-byte vectors when both
+// ends and the size allow it, else 4-byte words (bytes is a multiple of 4, checked by the host).
+__device__ inline void copy_bytes(char* dst, const char* src, int64_t bytes, int64_t worker,
+                                  int64_t workers) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
+        static_cast<uintptr_t>(bytes)) &
+       15u) == 0) {
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    for (int64_t i = worker; i < bytes / 16; i += workers) d[i] = s[i];
+  } else {
+    unsigned int* d = reinterpret_cast<unsigned int*>(dst);
+    const unsigned int* s = reinterpret_cast<const unsigned int*>(src);
+    for (int64_t i = worker; i < bytes / 4; i += workers) d[i] = s[i];
+  }
+}
+
+// Combine: one 16-byte vector of a token's output row per step, reduced over d = 0..EP-1.
+template <class T>
+__device__ inline void reduce_rows(const Exchange& p, int half, int64_t worker, int64_t workers) {
+  constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
+  const int64_t vecs_per_row = p.hidden / kVec;
+  const Field& f = p.field[0];
+  for (int64_t i = worker; i < p.tokens * vecs_per_row; i += workers) {
+    const int64_t t = i / vecs_per_row, v = i % vecs_per_row;
+    float acc[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+    for (int d = 0; d < p.ep; ++d) {
+      const int row = p.home_row[t * p.ep + d];
+      if (row < 0) continue;
+      // Rows computed by rank d for me: in my region (half, d), or my own chunk in the operand.
+      const char* base = d == p.rank ? f.src + static_cast<int64_t>(p.rank) * f.chunk_bytes
+                                     : region(p, p.rank, half, d) + f.offset;
+      const uint4 raw = reinterpret_cast<const uint4*>(
+          base + (static_cast<int64_t>(row) * p.hidden + v * kVec) * sizeof(T))[0];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[j] += to_float<T>(e[j]);
+    }
+    float4* out = reinterpret_cast<float4*>(p.y + t * p.hidden + v * kVec);
+#pragma unroll
+    for (int j = 0; j < kVec / 4; ++j)
+      out[j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+  }
+}
+
+template <class T, bool kReduce>
+__global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
+  using symmetric::Signal;
+  Signal* const me = reinterpret_cast<Signal*>(p.peers[p.rank]);
+  __shared__ unsigned long long epoch_shared;
+  __shared__ int ok_shared;
+  if (threadIdx.x == 0) {
+    // The previous call on this workspace finished before this one started (stream order).
+    epoch_shared = *reinterpret_cast<volatile unsigned long long*>(&me->epoch) + 1;
+    ok_shared = 1;
+  }
+  __syncthreads();
+  const unsigned long long epoch = epoch_shared;
+  const int half = static_cast<int>(epoch & 1ull);
+  const int64_t worker = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x;
+
+  // 1. push (my own chunk goes straight to my output in dispatch mode; combine reads it in place)
+  for (int fi = 0; fi < p.num_fields; ++fi) {
+    const Field& f = p.field[fi];
+    for (int d = 0; d < p.ep; ++d) {
+      const char* src = f.src + static_cast<int64_t>(d) * f.chunk_bytes;
+      if (d == p.rank) {
+        if (!kReduce)
+          copy_bytes(f.dst + static_cast<int64_t>(d) * f.chunk_bytes, src, f.chunk_bytes, worker,
+                     workers);
+        continue;
+      }
+      copy_bytes(region(p, d, half, p.rank) + f.offset, src, f.chunk_bytes, worker, workers);
+    }
+  }
+  __threadfence_system();
+  __syncthreads();
+
+  if (threadIdx.x == 0) {
+    // 2. signal: the last CTA's release store covers every CTA's stores (fence + ticket).
+    const unsigned int ticket = atomicAdd(&me->ticket_pushed, 1u);
+    if (ticket == gridDim.x - 1) {
+      __threadfence_system();
+      me->ticket_pushed = 0u;
+      for (int q = 0; q < p.ep; ++q)
+        if (q != p.rank)
+          store_release_sys(&reinterpret_cast<Signal*>(p.peers[q])->arrival[p.rank], epoch);
+    }
+    // 3. wait, bounded: a peer that never launches becomes an error naming it.
+    const unsigned long long deadline = global_timer_ns() + p.timeout_ns;
+    for (int q = 0; q < p.ep; ++q) {
+      if (q == p.rank) continue;
+      if (!wait_flag(&me->arrival[q], epoch, deadline, p.error)) {
+        report_error(p.error, ErrorCode(p.phase, q));
+        ok_shared = 0;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  if (!ok_shared) return;  // the workspace is poisoned by the host; epochs stay as they are
+
+  // 4. read
+  if (kReduce) {
+    reduce_rows<T>(p, half, worker, workers);
+  } else {
+    for (int fi = 0; fi < p.num_fields; ++fi) {
+      const Field& f = p.field[fi];
+      for (int s = 0; s < p.ep; ++s)
+        if (s != p.rank)
+          copy_bytes(f.dst + static_cast<int64_t>(s) * f.chunk_bytes,
+                     region(p, p.rank, half, s) + f.offset, f.chunk_bytes, worker, workers);
+    }
+  }
+
+  // 5. finish: every CTA has read `epoch` from the signal area by now.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned int ticket = atomicAdd(&me->ticket_done, 1u);
+    if (ticket == gridDim.x - 1) {
+      me->ticket_done = 0u;
+      *reinterpret_cast<volatile unsigned long long*>(&me->epoch) = epoch;
+      __threadfence();
+    }
+  }
+}
+
+}  // namespace mok::cuda::ep

@@ -1,0 +1,8 @@
+// FFI handlers of the peer transport (platform "CUDA"): mok_ep_dispatch and mok_ep_combine.
+// Operands, attributes and errors: docs/peer-transport.md. Compile-checked, NOT run on a GPU.
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpDispatchCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpCombineCuda);

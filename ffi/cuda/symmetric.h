@@ -1,0 +1,66 @@
+// The symmetric workspace of the peer transport (docs/peer-transport.md): library-owned device
+// memory with the same layout on every rank of an expert group, and a registry from (workspace
+// id, device ordinal) to the rank's view (its base, the device table of peer bases, the error
+// word). Host code only; the Python side drives it through _mok_cuda (jax_mok/workspace.py).
+//
+// Status (2026-11-29): compile-checked with nvcc 13.0 on the CPU machine, NOT run on a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace mok::cuda::symmetric {
+
+constexpr int kMaxRanks = 64;
+constexpr int64_t kSignalBytes = 4096;
+
+// Offset 0 of every rank's workspace. `arrival[s]` is written by rank s (remote release store);
+// the rest is local to the rank.
+struct Signal {
+  unsigned long long epoch;        // last epoch this rank finished on this workspace
+  unsigned int ticket_pushed;      // CTAs of the running call done storing into peers
+  unsigned int ticket_done;        // CTAs of the running call done reading
+  unsigned long long reserved[6];  // keeps arrival[] on its own 64-byte line
+  unsigned long long arrival[kMaxRanks];
+};
+static_assert(sizeof(Signal) <= kSignalBytes, "the signal area must fit its 4096 bytes");
+
+// What a handler needs for one (workspace, device).
+struct View {
+  int rank = -1;
+  int ep_size = 0;
+  int64_t bytes = 0;
+  char* local = nullptr;                 // this rank's workspace
+  char* const* peers = nullptr;          // device array [ep_size]: every rank's base (own at rank)
+  unsigned int* error_device = nullptr;  // mapped pinned error word, device address
+  volatile unsigned int* error_host = nullptr;
+};
+
+// Fills `view` for a handler; returns "" or the reason it cannot (unknown id, not finalized,
+// poisoned by an earlier error).
+std::string Lookup(int64_t id, int ordinal, View* view);
+// Records that a call on (id, ordinal) failed: later calls fail at once with `message`.
+void Poison(int64_t id, int ordinal, const std::string& message);
+
+// Bootstrap, called from Python (errors are thrown as std::runtime_error naming the values).
+// Whether ordinals a and b can use each other's memory with native atomics (our NVLink test).
+bool CanAccessPeer(int a, int b);
+// Allocates `bytes` on `ordinal` for rank `rank` of `ep_size` (cudaMalloc, or cuMem* with a
+// fabric handle when `fabric`), zeroes the signal area, maps the error word.
+void Alloc(int64_t id, int ordinal, int rank, int ep_size, int64_t bytes, bool fabric);
+// The shareable handle of (id, ordinal): 'I' + cudaIpcMemHandle_t, or 'F' + CUmemFabricHandle,
+// then the size (8 bytes).
+std::string Export(int64_t id, int ordinal);
+// A peer in this process: enables peer access and records its raw base pointer.
+void LinkLocal(int64_t id, int ordinal, int peer_rank, int peer_ordinal);
+// A peer in another process: opens its exported handle on `ordinal`.
+void OpenPeer(int64_t id, int ordinal, int peer_rank, const std::string& handle);
+// Uploads the peer table to the device; every rank must be linked or opened by now.
+void Finalize(int64_t id, int ordinal);
+// Frees everything (unmaps opened peers first).
+void FreeAll();
+// Whether `ordinal` can export fabric handles, with the reason.
+std::pair<bool, std::string> FabricSupported(int ordinal);
+
+}  // namespace mok::cuda::symmetric
