@@ -20,8 +20,11 @@ tokens first): devices exchange their per-expert counts (``E`` integers) to rank
 globally, so EP and single-device calls drop the same assignments. The result, the aux values and
 the gradients equal the single-device call's up to float summation order.
 
-The ``transport`` switch names how tokens travel: ``"xla"`` (``lax.all_to_all``, any backend)
-today; ``"peer"`` (one persistent kernel writing into peers' memory over NVLink) later.
+The ``transport`` switch names how tokens travel: ``"xla"`` (``lax.all_to_all``, any backend,
+the default); ``"peer"`` (kernels storing rows into peers' memory over NVLink, staged version in
+:mod:`jax_mok.peer`, docs/peer-transport.md; NOT yet run on a GPU) only where
+:func:`jax_mok.workspace.peer_transport_available` says so, with a concrete ``Mesh``; elsewhere
+it raises ``NotImplementedError`` with the reason.
 
 Three ways to turn EP on, first match wins:
 
@@ -76,7 +79,8 @@ class ExpertParallel:
       token_axes: mesh axes the flattened tokens ``[T, H]`` are sharded over, major to minor. Must
         contain ``expert_axis``. ``None``: every mesh axis, in mesh order (e.g. ``("data",
         "expert")``), which is what a batch sharded ``P(("data", "expert"))`` already has.
-      transport: ``"xla"`` (``lax.all_to_all``); ``"peer"`` is reserved for the NVLink kernel.
+      transport: ``"xla"`` (``lax.all_to_all``); ``"peer"``: NVLink peer memory where available
+        (see :func:`jax_mok.workspace.peer_transport_available`).
     """
 
     mesh: Mesh | AbstractMesh
@@ -380,7 +384,16 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
     from jax_mok import api  # api imports this module lazily; keep the cycle one-way at import
 
     config = params.config
-    if plan.transport != "xla":
+    if plan.transport == "peer":
+        # Only where every device of the expert axis is an NVLink peer with the CUDA build;
+        # elsewhere the same NotImplementedError as before (docs/peer-transport.md).
+        from jax_mok import workspace
+
+        available, reason = workspace.peer_transport_available(plan.mesh, plan.expert_axis)
+        if not available:
+            raise NotImplementedError(
+                f"transport='peer' is not available here: {reason}; use transport='xla'")
+    elif plan.transport != "xla":
         raise NotImplementedError(
             f"transport={plan.transport!r} is not built yet; use transport='xla'"
         )
@@ -409,6 +422,12 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
     route_config = dataclasses.replace(config, capacity_factor=None)
     axis = plan.expert_axis
     dtype = x.dtype
+    peer_workspace = None
+    if plan.transport == "peer":  # NOT yet run on a GPU (2026-11-29)
+        from jax_mok import peer, workspace
+
+        spec = workspace.WorkspaceSpec.for_call(config, tokens_local, tokens_global, ep, dtype)
+        peer_workspace = workspace.workspace_for(plan.mesh, axis, spec, config)
 
     def local(x_loc, router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down):
         routing, routed_ids = route(x_loc, router, router_bias, route_config)
@@ -427,9 +446,12 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         send_w = jnp.where(mine, routing.topk_weights[token_of_row], 0.0)
         send_x = jnp.where(padding[:, :, None], jnp.zeros((), dtype), x_loc[token_of_row])
 
-        recv_x = jax.lax.all_to_all(send_x, axis, 0, 0, tiled=True)  # [EP, R, H]
-        recv_ids = jax.lax.all_to_all(send_ids, axis, 0, 0, tiled=True)  # [EP, R, k]
-        recv_w = jax.lax.all_to_all(send_w, axis, 0, 0, tiled=True)  # [EP, R, k]
+        if peer_workspace is not None:
+            recv_x, recv_ids, recv_w = peer.dispatch(send_x, send_ids, send_w, peer_workspace)
+        else:
+            recv_x = jax.lax.all_to_all(send_x, axis, 0, 0, tiled=True)  # [EP, R, H]
+            recv_ids = jax.lax.all_to_all(send_ids, axis, 0, 0, tiled=True)  # [EP, R, k]
+            recv_w = jax.lax.all_to_all(send_w, axis, 0, 0, tiled=True)  # [EP, R, k]
         from jax_mok import autodiff
 
         out = autodiff.routed_experts(
@@ -440,11 +462,14 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
             w_down.astype(dtype),
             implementation=implementation,
         )  # [EP * R, H]
-        back = jax.lax.all_to_all(out.reshape(ep, rows, H), axis, 0, 0, tiled=True)
-        # Combine in a fixed order (destination 0..EP-1), float32.
-        picked = back[devices[None, :], jnp.clip(row, 0, rows - 1)]  # [T_loc, EP, H]
-        picked = jnp.where(sent[:, :, None], picked.astype(jnp.float32), 0.0)
-        y = picked.sum(1)
+        if peer_workspace is not None:  # rows go home; reduced there in rank order, float32
+            y = peer.combine(out.reshape(ep, rows, H), jnp.where(sent, row, -1), peer_workspace)
+        else:
+            back = jax.lax.all_to_all(out.reshape(ep, rows, H), axis, 0, 0, tiled=True)
+            # Combine in a fixed order (destination 0..EP-1), float32.
+            picked = back[devices[None, :], jnp.clip(row, 0, rows - 1)]  # [T_loc, EP, H]
+            picked = jnp.where(sent[:, :, None], picked.astype(jnp.float32), 0.0)
+            y = picked.sum(1)
         if config.shared_size:
             y = y + api._swiglu_mlp(x_loc, shared_gate_up, shared_down)
         y = y.astype(dtype)

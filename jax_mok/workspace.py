@@ -15,6 +15,7 @@ import os
 import threading
 import zlib
 
+import jax
 import numpy as np
 
 SIGNAL_BYTES = 4096  # flags, tickets, epoch (ffi/cuda/symmetric.h: kSignalBytes)
@@ -208,15 +209,12 @@ def _groups(mesh, axis: str) -> list[list]:
 
 def bootstrap_path(mesh, axis: str) -> tuple[str | None, str]:
     """Which bootstrap applies to ``mesh``'s groups along ``axis``, and why (None: none does)."""
-    devices = getattr(mesh, "devices", None)
-    if devices is None:
+    if not isinstance(mesh, jax.sharding.Mesh):
         return None, "an AbstractMesh has no devices to bootstrap; use a concrete Mesh"
     groups = _groups(mesh, axis)
     processes = {d.process_index for g in groups for d in g}
     if len(processes) == 1:
         return "peer_access", "one process drives every device of the group: peer access"
-    import jax
-
     module = _cuda()
     local = [d for g in groups for d in g if d.process_index == jax.process_index()]
     fabric = (module is not None and hasattr(module, "fabric_supported") and bool(local)
@@ -232,9 +230,10 @@ def peer_transport_available(mesh, axis: str = "expert") -> tuple[bool, str]:
     module = _cuda()
     if module is None:
         return False, "the CUDA extension jax_mok._mok_cuda (with peer memory) is not built"
-    devices = getattr(mesh, "devices", None)
-    if devices is None:
-        return False, "an AbstractMesh has no devices; pass a concrete jax.sharding.Mesh"
+    if not isinstance(mesh, jax.sharding.Mesh):
+        return False, ("an AbstractMesh (e.g. the ambient mesh under jit) has no devices; pass a "
+                       "concrete jax.sharding.Mesh as mesh=...")
+    devices = mesh.devices
     if axis not in mesh.axis_names:
         return False, f"axis {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}"
     for d in np.asarray(devices).reshape(-1):
@@ -245,8 +244,6 @@ def peer_transport_available(mesh, axis: str = "expert") -> tuple[bool, str]:
         return False, f"the expert axis has {len(groups[0])} devices; at most {MAX_EP}"
     if len(groups[0]) < 2:
         return False, "the expert axis has one device: nothing to exchange"
-    import jax
-
     me = jax.process_index()
     for group in groups:
         local = [d for d in group if d.process_index == me]
@@ -290,8 +287,6 @@ def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None) -> int:
         ws_id = zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
         while ws_id in _WORKSPACES.values():
             ws_id = (ws_id + 1) & 0x7FFFFFFF
-        import jax
-
         path, _ = bootstrap_path(mesh, axis)
         me, count = jax.process_index(), jax.process_count()
         fp = fingerprint(spec, config, getattr(mesh, "shape", None), axis)

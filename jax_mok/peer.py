@@ -1,0 +1,107 @@
+"""JAX side of the ``"peer"`` transport: ``mok_ep_dispatch`` / ``mok_ep_combine`` and their
+transposes, called per device inside the ``shard_map`` of :mod:`jax_mok.sharding`.
+
+Status (2026-11-29): written and traced on the CPU machine only; the FFI targets exist for
+platform CUDA and are NOT yet run on a GPU (docs/peer-transport.md, tools/gpu_check_ep.sh).
+
+Both targets are ``has_side_effect=True``: every rank must issue the same sequence of peer calls
+(the kernels advance a device-side epoch per call), so XLA must neither drop nor merge them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DISPATCH, COMBINE, REVERSE_DISPATCH, REVERSE_COMBINE = 0, 1, 2, 3
+
+
+def _exchange(x, ids, w, workspace_id: int, phase: int):
+    """All-to-all over peer memory: chunk ``d`` of each operand ``[EP, ...]`` goes to rank ``d``;
+    chunk ``s`` of each result came from rank ``s``."""
+    outs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, ids, w))
+    call = jax.ffi.ffi_call("mok_ep_dispatch", outs, has_side_effect=True)
+    return call(x, ids, w, workspace_id=np.int64(workspace_id), phase=np.int32(phase))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def dispatch(x: jax.Array, ids: jax.Array, w: jax.Array, workspace_id: int):
+    """Sends packed rows to the ranks that own their experts.
+
+    Args:
+      x: ``[EP, R, H]`` rows for each destination rank (x's dtype).
+      ids: ``[EP, R, k]`` int32 local expert ids at the destination (-1: not for it).
+      w: ``[EP, R, k]`` float32 routing weights.
+      workspace_id: from :func:`jax_mok.workspace.workspace_for` (static).
+
+    Returns:
+      ``(recv_x, recv_ids, recv_w)`` with the same shapes; chunk ``s`` came from rank ``s``.
+    """
+    return _exchange(x, ids, w, workspace_id, DISPATCH)
+
+
+def _dispatch_fwd(x, ids, w, workspace_id):
+    return _exchange(x, ids, w, workspace_id, DISPATCH), ids
+
+
+def _dispatch_bwd(workspace_id, ids, cotangents):
+    # all_to_all is its own transpose: send the cotangents back the same way.
+    ct_x, _, ct_w = cotangents
+    back_x, _, back_w = _exchange(ct_x, jnp.zeros(ids.shape, jnp.int32),
+                                  ct_w.astype(jnp.float32), workspace_id, REVERSE_DISPATCH)
+    return back_x, None, back_w
+
+
+dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
+
+
+def _combine_call(rows, home_row, workspace_id: int, phase: int):
+    T, H = home_row.shape[0], rows.shape[-1]
+    call = jax.ffi.ffi_call("mok_ep_combine", jax.ShapeDtypeStruct((T, H), jnp.float32),
+                            has_side_effect=True)
+    return call(rows, home_row, workspace_id=np.int64(workspace_id), phase=np.int32(phase))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def combine(rows: jax.Array, home_row: jax.Array, workspace_id: int) -> jax.Array:
+    """Sends each rank's expert results home and reduces them per token in rank order.
+
+    Args:
+      rows: ``[EP, R, H]``: chunk ``s`` = this rank's (already k-reduced) results for the rows
+        that rank ``s`` sent here.
+      home_row: ``[T, EP]`` int32: the row of token ``t`` in the chunk it sent to rank ``d``, or
+        -1 when it sent nothing there.
+
+    Returns:
+      ``y [T, H]`` float32, ``y[t] = sum_{d = 0..EP-1, home_row[t, d] >= 0} result_d[home_row]``.
+    """
+    return _combine_call(rows, home_row, workspace_id, COMBINE)
+
+
+def _combine_fwd(rows, home_row, workspace_id):
+    # A zero-size array carries R and the dtype (residuals must be arrays).
+    like = jnp.zeros((0, rows.shape[1]), rows.dtype)
+    return _combine_call(rows, home_row, workspace_id, COMBINE), (home_row, like)
+
+
+def _combine_bwd(workspace_id, residuals, ct_y):
+    home_row, like = residuals
+    (T, ep), R, H, dtype = home_row.shape, like.shape[1], ct_y.shape[1], like.dtype
+    # Reverse combine: dy of token t goes to row home_row[t, d] of the chunk for rank d.
+    dests = jnp.broadcast_to(jnp.arange(ep, dtype=jnp.int32)[None, :], (T, ep))
+    rows_idx = jnp.where(home_row >= 0, home_row, R)  # R: out of range, dropped
+    grad = jnp.zeros((ep, R, H), dtype).at[dests, rows_idx].set(
+        jnp.broadcast_to(ct_y.astype(dtype)[:, None, :], (T, ep, H)), mode="drop")
+    dummy_ids = jnp.zeros((ep, 1, 1), jnp.int32)
+    dummy_w = jnp.zeros((ep, 1, 1), jnp.float32)
+    back, _, _ = _exchange(grad, dummy_ids, dummy_w, workspace_id, REVERSE_COMBINE)
+    return back, None
+
+
+combine.defvjp(_combine_fwd, _combine_bwd)
+
+
+__all__ = ["combine", "dispatch"]
