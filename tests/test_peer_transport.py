@@ -153,3 +153,48 @@ def test_one_sided_call_times_out_with_an_error():
     out = proc.stdout + proc.stderr
     assert "ERROR after" in out, out[-3000:]
     assert "waiting for rank 1" in out and "dispatch" in out, out[-3000:]
+
+
+_TWO_PROCESSES = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp, numpy as np
+    pid, port = int(sys.argv[1]), sys.argv[2]
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
+                               local_device_ids=[pid])
+    import jax_mok
+    from jax_mok import testing, workspace
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("expert",))
+    print("AVAILABLE", workspace.peer_transport_available(mesh, "expert"), flush=True)
+    cfg = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=64, ffn_size=32)
+    params = testing.random_params(jax.random.key(0), cfg)
+    x = jax.random.normal(jax.random.key(1), (256, 64))
+    def loss(x, p, transport):
+        y = jax_mok.moe(x, p, mesh=mesh, transport=transport)
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+    out = {}
+    for t in ("xla", "peer"):
+        value, grads = jax.jit(jax.value_and_grad(lambda x, p: loss(x, p, t), argnums=1))(x, params)
+        out[t] = (float(value), float(jnp.sum(grads.router ** 2)))
+    print("RESULT", pid, out["xla"], out["peer"], flush=True)
+    jax.distributed.shutdown()
+""")
+
+
+@pytest.mark.multigpu
+def test_two_processes_one_gpu_each():
+    """One process per GPU: CUDA IPC handles through jax.distributed's key-value store."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESSES, str(i), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for out in outs:
+        line = [ln for ln in out.splitlines() if ln.startswith("RESULT")]
+        assert line, out[-3000:]
+        xla, got = line[0].split(" ", 2)[2].split(") (")
+        xla = [float(v) for v in xla.strip("() ").split(",")]
+        got = [float(v) for v in got.strip("() ").split(",")]
+        np.testing.assert_allclose(got, xla, rtol=1e-5)

@@ -1,0 +1,119 @@
+"""Expert-parallel timing hook (issue 5): transport "xla" (B4) vs "peer" on one host's GPUs.
+
+    python3 tools/ep_bench.py --out OUT/ep.jsonl [--shapes S1,S2] [--tokens 4096,8192,16384]
+
+Per (shape, tokens per GPU, routing): forward and forward+backward median ms of ``jax_mok.moe``
+on a 1-D ``("expert",)`` mesh over every local GPU, per transport; plus the exchange alone
+(``peer.dispatch`` vs ``lax.all_to_all`` of the same ``[EP, R, H]`` rows) with GB/s per direction.
+Experts are scaled down (``--expert-scale``) when the weights would not fit; the record says so.
+Status (2026-11-29): written on the CPU machine, NOT run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_mok
+from jax_mok import peer, sharding, testing, workspace
+
+
+def _median_ms(fn, *args, reps: int = 10) -> float:
+    for _ in range(2):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def _exchange_ms(mesh, ep: int, rows: int, hidden: int, k: int, ws: int) -> dict:
+    """The dispatch exchange alone: peer kernel vs XLA all_to_all, same bytes."""
+    spec = P("expert")
+    x = jax.device_put(jnp.ones((ep * ep, rows, hidden), jnp.bfloat16), NamedSharding(mesh, spec))
+    ids = jax.device_put(jnp.zeros((ep * ep, rows, k), jnp.int32), NamedSharding(mesh, spec))
+    w = jax.device_put(jnp.zeros((ep * ep, rows, k), jnp.float32), NamedSharding(mesh, spec))
+
+    def peer_fn(a, b, c):
+        return peer.dispatch(a, b, c, ws)
+
+    def xla_fn(a, b, c):
+        return tuple(jax.lax.all_to_all(v, "expert", 0, 0, tiled=True) for v in (a, b, c))
+
+    out = {}
+    for name, fn in (("peer", peer_fn), ("xla", xla_fn)):
+        mapped = jax.jit(sharding._shard_map(fn, mesh, (spec,) * 3, (spec,) * 3))
+        out[name] = _median_ms(mapped, x, ids, w)
+    sent = (ep - 1) * rows * (hidden * 2 + 8 * k)  # bytes each GPU sends off-device
+    out["bytes_per_direction"] = sent
+    out.update({f"{n}_GBps": sent / (out[n] * 1e-3) / 1e9 for n in ("peer", "xla")})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="S1,S2")
+    ap.add_argument("--tokens", default="4096,8192,16384")
+    ap.add_argument("--expert-scale", type=int, default=1,
+                    help="divide E by this (S2's 256 experts are 22.5 GB in bf16)")
+    args = ap.parse_args()
+    gpus = jax.devices("gpu")
+    mesh = jax.sharding.Mesh(np.array(gpus), ("expert",))
+    ep = len(gpus)
+    ok, reason = workspace.peer_transport_available(mesh, "expert")
+    print(f"EP={ep} peer available: {ok} ({reason})", flush=True)
+    with open(args.out, "a") as sink:
+        for name in args.shapes.split(","):
+            shape = testing.SHAPES[name]
+            experts = max(ep, shape.experts // args.expert_scale)
+            config = dataclasses.replace(shape.config(), num_experts=experts)
+            params = jax_mok.init_params(jax.random.key(0), config)
+            experts_sharding = NamedSharding(mesh, P("expert"))
+            params = dataclasses.replace(
+                params, w_gate_up=jax.device_put(params.w_gate_up, experts_sharding),
+                w_down=jax.device_put(params.w_down, experts_sharding))
+            for tokens in (int(t) for t in args.tokens.split(",")):
+                for routing in ("balanced", "skewed"):
+                    p = params
+                    if routing == "skewed":  # the first E/4 experts' logits scaled x3
+                        p = dataclasses.replace(p, router=p.router.at[:, : experts // 4].mul(3.0))
+                    x = jax.device_put(
+                        jax.random.normal(jax.random.key(1), (ep * tokens, shape.hidden),
+                                          jnp.bfloat16), NamedSharding(mesh, P("expert")))
+                    record = {"shape": name, "experts": experts, "scaled": experts != shape.experts,
+                              "tokens_per_gpu": tokens, "ep": ep, "routing": routing}
+                    for transport in ("xla", "peer"):
+                        if transport == "peer" and not ok:
+                            continue
+                        fwd = jax.jit(lambda x, p, t=transport: jax_mok.moe(
+                            x, p, mesh=mesh, transport=t))
+                        grad = jax.jit(jax.grad(lambda x, p, t=transport: jnp.sum(jax_mok.moe(
+                            x, p, mesh=mesh, transport=t).astype(jnp.float32)), argnums=(0, 1)))
+                        try:
+                            record[f"{transport}_fwd_ms"] = _median_ms(fwd, x, p)
+                            record[f"{transport}_fwd_bwd_ms"] = _median_ms(grad, x, p)
+                        except Exception as e:  # record and go on: one failure must not end it
+                            record[f"{transport}_error"] = str(e)[:500]
+                    if ok and routing == "balanced":
+                        spec = workspace.WorkspaceSpec.for_call(config, tokens, ep * tokens, ep,
+                                                                jnp.bfloat16)
+                        ws = workspace.workspace_for(mesh, "expert", spec, config)
+                        record["exchange"] = _exchange_ms(mesh, ep, spec.rows, shape.hidden,
+                                                          shape.top_k, ws)
+                    print(json.dumps(record), flush=True)
+                    sink.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Expert-parallel peer transport on a bare nvidia-h200-x2 machine (issue 5): build, probe peer
+# access, smoke the exchange against lax.all_to_all, run the multigpu tests, time EP (B4 vs peer).
+#   OUT=/some/dir tools/gpu_check_ep.sh [smoke|tests|full]   (default full; outputs in $OUT)
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticast*.
+# The peer workspace lives outside XLA's pool: XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 leaves room.
+# Written 2026-11-29 on the CPU machine; NOT run yet.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+MODE=${1:-full}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.8}
+export JAX_MOK_PEER_TIMEOUT_MS=${JAX_MOK_PEER_TIMEOUT_MS:-5000}
+export PATH=/usr/local/cuda/bin:$PATH
+step() { echo "=== $(date +%T) $*"; }
+
+step "machine"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
+nvidia-smi topo -m | tee -a "$OUT/machine.txt"
+
+step "carried wheels"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+step "build"
+JAX_MOK_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps \
+  -v -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+grep -E "CUDA backend" "$OUT/build.log" | head -2
+
+step "peer probe"
+timeout 120 python3 - <<'PY' 2>&1 | tee "$OUT/probe.txt"
+import jax, numpy as np
+import jax_mok._mok_cuda as m
+from jax_mok import workspace
+print("registrations:", sorted(m.registrations()))
+n = len(jax.devices("gpu"))
+for a in range(n):
+    for b in range(n):
+        if a != b:
+            print(f"can_access_peer({a},{b}) =", m.can_access_peer(a, b))
+print("fabric_supported(0) =", m.fabric_supported(0))
+mesh = jax.sharding.Mesh(np.array(jax.devices("gpu")), ("expert",))
+print("peer_transport_available:", workspace.peer_transport_available(mesh, "expert"))
+print("bootstrap_path:", workspace.bootstrap_path(mesh, "expert"))
+PY
+
+step "smoke: peer.dispatch / combine == all_to_all path (each check mode)"
+for check in sync deferred; do
+  JAX_MOK_PEER_CHECK=$check JAX_MOK_CUDA_DEBUG_SYNC=1 timeout 120 python3 - <<'PY' 2>&1 | tail -15
+import os, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from jax_mok import peer, sharding, workspace
+gpus = jax.devices("gpu"); ep = len(gpus)
+mesh = jax.sharding.Mesh(np.array(gpus), ("expert",))
+spec = workspace.WorkspaceSpec(ep, 64, 256, 4, "bfloat16")
+ws = workspace.workspace_for(mesh, "expert", spec)
+s = P("expert")
+k = jax.random.split(jax.random.key(0), 3)
+x = jax.random.normal(k[0], (ep * ep, 64, 256), jnp.bfloat16)
+ids = jax.random.randint(k[1], (ep * ep, 64, 4), -1, 8, jnp.int32)
+w = jax.random.uniform(k[2], (ep * ep, 64, 4))
+a2a = lambda a, b, c: tuple(jax.lax.all_to_all(v, "expert", 0, 0, tiled=True) for v in (a, b, c))
+pf = jax.jit(sharding._shard_map(lambda a, b, c: peer.dispatch(a, b, c, ws), mesh, (s,) * 3, (s,) * 3))
+xf = jax.jit(sharding._shard_map(a2a, mesh, (s,) * 3, (s,) * 3))
+want = xf(x, ids, w)
+for i in range(4):  # back-to-back: epochs and halves alternate
+    got = pf(x, ids, w)
+    ok = all(np.array_equal(np.asarray(g), np.asarray(v)) for g, v in zip(got, want))
+    print(os.environ["JAX_MOK_PEER_CHECK"], "dispatch call", i, "bitwise equal to all_to_all:", ok)
+home = jnp.tile(jnp.arange(64, dtype=jnp.int32)[:, None], (ep, ep))  # [ep*64, ep]
+cf = jax.jit(sharding._shard_map(lambda r, h: peer.combine(r, h, ws), mesh, (s, s), s))
+def ref(r, h):
+    back = jax.lax.all_to_all(r, "expert", 0, 0, tiled=True)
+    return back.astype(jnp.float32).sum(0)
+rf = jax.jit(sharding._shard_map(ref, mesh, (s, s), s))
+rows = x[:, :, :]
+print(os.environ["JAX_MOK_PEER_CHECK"], "combine equal:",
+      np.array_equal(np.asarray(cf(rows, home)), np.asarray(rf(rows, home))))
+PY
+done
+[ "$MODE" = smoke ] && exit 0
+
+step "multigpu tests"
+JAX_MOK_REQUIRE_CUDA=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider \
+  tests/test_peer_transport.py tests/test_workspace.py 2>&1 | tee "$OUT/tests_ep.log" | tail -30
+TEST_RC=${PIPESTATUS[0]}
+[ "$MODE" = tests ] && exit $TEST_RC
+
+step "EP benchmark (B4 = transport xla vs peer)"
+timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" \
+  ${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1} 2>&1 | tail -30
+step "summary"
+grep -E "passed|failed|error" "$OUT/tests_ep.log" | tail -3
+exit $TEST_RC
