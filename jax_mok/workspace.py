@@ -207,22 +207,43 @@ def _groups(mesh, axis: str) -> list[list]:
     return [list(row) for row in moved.reshape(-1, moved.shape[-1])]
 
 
-def bootstrap_path(mesh, axis: str) -> tuple[str | None, str]:
-    """Which bootstrap applies to ``mesh``'s groups along ``axis``, and why (None: none does)."""
+def bootstrap_path(mesh, axis: str, hosts: int | None = None) -> tuple[str | None, str]:
+    """Which bootstrap applies to ``mesh``'s groups along ``axis``, and why (None: none does).
+
+    ``hosts``: how many distinct hosts the processes run on, when known (``workspace_for``
+    exchanges host names); ``JAX_MOK_PEER_BOOTSTRAP=ipc|fabric`` forces a multi-process path.
+    """
     if not isinstance(mesh, jax.sharding.Mesh):
         return None, "an AbstractMesh has no devices to bootstrap; use a concrete Mesh"
     groups = _groups(mesh, axis)
     processes = {d.process_index for g in groups for d in g}
     if len(processes) == 1:
         return "peer_access", "one process drives every device of the group: peer access"
+    forced = os.environ.get("JAX_MOK_PEER_BOOTSTRAP", "")
+    if forced in ("ipc", "fabric"):
+        return forced, f"JAX_MOK_PEER_BOOTSTRAP={forced}"
+    if hosts == 1:
+        return "ipc", (f"{len(processes)} processes on one host: CUDA IPC handles through "
+                       "jax.distributed")
     module = _cuda()
     local = [d for g in groups for d in g if d.process_index == jax.process_index()]
     fabric = (module is not None and hasattr(module, "fabric_supported") and bool(local)
               and all(module.fabric_supported(int(d.local_hardware_id))[0] for d in local))
-    if fabric and os.environ.get("JAX_MOK_PEER_BOOTSTRAP", "") != "ipc":
+    if fabric:
         return "fabric", "the driver offers CU_MEM_HANDLE_TYPE_FABRIC handles (NVLink fabric)"
+    if hosts is not None:
+        return None, f"the group spans {hosts} hosts and the driver offers no fabric handles"
     return "ipc", (f"{len(processes)} processes: CUDA IPC handles through jax.distributed "
                    "(needs every process on one host; opening a handle fails otherwise)")
+
+
+def _host_count(client, key: str, process_index: int, process_count: int) -> int:
+    """Distinct host names among the processes, through the key-value store."""
+    import socket
+
+    client.key_value_set(f"{key}/{process_index}", socket.gethostname())
+    names = {client.blocking_key_value_get(f"{key}/{i}", 60_000) for i in range(process_count)}
+    return len(names)
 
 
 def peer_transport_available(mesh, axis: str = "expert") -> tuple[bool, str]:
@@ -287,12 +308,15 @@ def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None) -> int:
         ws_id = zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
         while ws_id in _WORKSPACES.values():
             ws_id = (ws_id + 1) & 0x7FFFFFFF
-        path, _ = bootstrap_path(mesh, axis)
         me, count = jax.process_index(), jax.process_count()
-        fp = fingerprint(spec, config, getattr(mesh, "shape", None), axis)
-        fp["workspace_id"] = ws_id
-        exchange_fingerprint(fp, f"jax_mok/fp/{ws_id}", me, count)
         client = kv_client() if count > 1 else None
+        hosts = _host_count(client, f"jax_mok/host/{ws_id}", me, count) if client else 1
+        path, why = bootstrap_path(mesh, axis, hosts)
+        if path is None:
+            raise NotImplementedError(f"transport='peer' is not available here: {why}")
+        fp = fingerprint(spec, config, getattr(mesh, "shape", None), axis)
+        fp["workspace_id"], fp["bootstrap"] = ws_id, path  # a path disagreement is a mismatch
+        exchange_fingerprint(fp, f"jax_mok/fp/{ws_id}", me, count)
         for g, group in enumerate(groups):
             for rank, d in enumerate(group):
                 if d.process_index == me:

@@ -161,3 +161,23 @@ def test_two_processes_detect_mismatch(tmp_path):
     outs = [p.communicate(timeout=60)[0] for p in procs]
     for out in outs:
         assert "MISMATCH" in out and "config.hidden_size" in out, out[-2000:]
+
+
+def test_bootstrap_path_for_several_processes(monkeypatch):
+    """Selection logic with fake devices of two processes (nothing is allocated)."""
+
+    class Dev:
+        def __init__(self, i, process):
+            self.id, self.process_index, self.local_hardware_id = i, process, 0
+
+    mesh = jax.sharding.Mesh(jax.devices("cpu")[:1], ("expert",))
+    monkeypatch.setattr(workspace, "_groups", lambda mesh, axis: [[Dev(0, 0), Dev(1, 1)]])
+    monkeypatch.setattr(workspace, "_cuda", lambda: None)
+    monkeypatch.delenv("JAX_MOK_PEER_BOOTSTRAP", raising=False)
+    assert workspace.bootstrap_path(mesh, "expert", hosts=1)[0] == "ipc"
+    path, why = workspace.bootstrap_path(mesh, "expert", hosts=2)
+    assert path is None and "2 hosts" in why and "fabric" in why
+    assert workspace.bootstrap_path(mesh, "expert")[0] == "ipc"  # hosts unknown
+    monkeypatch.setenv("JAX_MOK_PEER_BOOTSTRAP", "fabric")
+    assert workspace.bootstrap_path(mesh, "expert", hosts=1) == (
+        "fabric", "JAX_MOK_PEER_BOOTSTRAP=fabric")

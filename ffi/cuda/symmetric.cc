@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "cuda/driver.h"
 
 namespace mok::cuda::symmetric {
 namespace {
@@ -47,64 +48,6 @@ class DeviceGuard {
  private:
   int previous_ = 0;
 };
-
-// Driver functions of the fabric path, resolved at run time: there is no libcuda to link
-// against on the build machine, and the module must import without a driver.
-struct Driver {
-  bool ok = false;
-  std::string why;
-  CUresult (*device_get)(CUdevice*, int) = nullptr;
-  CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*,
-                          CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
-                     unsigned long long) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                  unsigned long long) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
-                            unsigned long long) = nullptr;
-  CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*,
-                            CUmemAllocationHandleType) = nullptr;
-};
-
-const Driver& GetDriver() {
-  static const Driver driver = [] {
-    Driver d;
-    bool all = true;
-    auto get = [&](const char* name, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-      const cudaError_t err =
-          cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
-      if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
-        if (d.why.empty()) d.why = StrCat("driver entry point ", name, " is not available");
-        all = false;
-        return;
-      }
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-    };
-    get("cuDeviceGet", d.device_get);
-    get("cuDeviceGetAttribute", d.device_attribute);
-    get("cuMemGetAllocationGranularity", d.granularity);
-    get("cuMemCreate", d.create);
-    get("cuMemRelease", d.release);
-    get("cuMemAddressReserve", d.reserve);
-    get("cuMemAddressFree", d.address_free);
-    get("cuMemMap", d.map);
-    get("cuMemUnmap", d.unmap);
-    get("cuMemSetAccess", d.set_access);
-    get("cuMemExportToShareableHandle", d.export_handle);
-    get("cuMemImportFromShareableHandle", d.import_handle);
-    d.ok = all;
-    return d;
-  }();
-  return driver;
-}
 
 // One mapping of some rank's workspace, as seen from this device.
 struct Mapping {
