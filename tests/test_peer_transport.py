@@ -43,16 +43,17 @@ def _value_and_grad(x, params, **kw):
     return jax.jit(fn)
 
 
-def test_peer_program_lowers_on_cpu(monkeypatch):
+@pytest.mark.parametrize("data,ep", [(1, 2), (2, 2)])
+def test_peer_program_lowers_on_cpu(monkeypatch, data, ep):
     """CPU: fake availability and a workspace id; the forward+backward HLO uses the peer targets
     (1 dispatch + 1 combine forward; 1 reverse combine + 1 reverse dispatch backward) and no
     all-to-all. Nothing runs: the targets exist only for platform CUDA."""
     devices = jax.devices("cpu")
-    if len(devices) < 2:
-        pytest.skip("needs 2 CPU devices (run with test_sharding's jax_num_cpu_devices)")
+    if len(devices) < data * ep:
+        pytest.skip(f"needs {data * ep} CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
     monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
     monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
-    mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
+    mesh = jax.sharding.Mesh(np.array(devices[:data * ep]).reshape(data, ep), ("data", "expert"))
     config = _config()
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (16, 64))

@@ -181,3 +181,75 @@ def test_bootstrap_path_for_several_processes(monkeypatch):
     monkeypatch.setenv("JAX_MOK_PEER_BOOTSTRAP", "fabric")
     assert workspace.bootstrap_path(mesh, "expert", hosts=1) == (
         "fabric", "JAX_MOK_PEER_BOOTSTRAP=fabric")
+
+
+class _FakeModule:
+    """Records the bootstrap calls workspace_for makes (no GPU)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if not name.startswith("workspace_"):
+            raise AttributeError(name)
+
+        def call(*args):
+            self.calls.append((name, *args))
+            return b"I" + bytes(72) if name == "workspace_export" else None
+
+        return call
+
+
+class _Dev:
+    def __init__(self, i, process, ordinal):
+        self.id, self.process_index, self.local_hardware_id = i, process, ordinal
+
+
+def _fake_bootstrap(monkeypatch, groups, processes=1, store=None):
+    fake = _FakeModule()
+    monkeypatch.setattr(workspace, "_cuda", lambda: fake)
+    monkeypatch.setattr(workspace, "_groups", lambda mesh, axis: groups)
+    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    monkeypatch.setattr(workspace, "kv_client", lambda: _FakeKV(store) if processes > 1 else None)
+    monkeypatch.delenv("JAX_MOK_PEER_BOOTSTRAP", raising=False)
+    monkeypatch.setattr(workspace, "_WORKSPACES", {})
+    mesh = jax.sharding.Mesh(jax.devices("cpu")[:1], ("expert",))
+    spec = WorkspaceSpec(2, 8, 16, 2, "float32")
+    return fake, workspace.workspace_for(mesh, "expert", spec)
+
+
+def test_workspace_for_single_process_links_raw_pointers(monkeypatch):
+    groups = [[_Dev(0, 0, 0), _Dev(1, 0, 1)], [_Dev(2, 0, 2), _Dev(3, 0, 3)]]
+    fake, ws = _fake_bootstrap(monkeypatch, groups)
+    names = [c[0] for c in fake.calls]
+    assert names.count("workspace_alloc") == 4 and "workspace_export" not in names
+    assert ("workspace_link_local", ws, 0, 1, 1) in fake.calls
+    assert ("workspace_link_local", ws, 3, 0, 2) in fake.calls
+    assert names.count("workspace_finalize") == 4
+    spec_bytes = WorkspaceSpec(2, 8, 16, 2, "float32").total_bytes
+    assert ("workspace_alloc", ws, 2, 0, 2, spec_bytes, False) in fake.calls
+
+
+def test_workspace_for_two_processes_exchanges_handles(monkeypatch):
+    """Process 0 of 2 (one GPU each): exports its handle, opens the peer's from the KV store,
+    after the host-name and fingerprint exchange."""
+    import json
+    import socket
+
+    groups = [[_Dev(0, 0, 0), _Dev(1, 1, 0)]]
+    store = {}
+    spec = WorkspaceSpec(2, 8, 16, 2, "float32")
+    key = ((0, 1), "expert", spec)
+    ws_guess = __import__("zlib").crc32(repr(key).encode()) & 0x7FFFFFFF
+    store[f"jax_mok/host/{ws_guess}/1"] = socket.gethostname()
+    fp = workspace.fingerprint(spec, None, {"expert": 1}, "expert")
+    fp["workspace_id"], fp["bootstrap"] = ws_guess, "ipc"
+    store[f"jax_mok/fp/{ws_guess}/1"] = json.dumps(fp)
+    store[f"jax_mok/ws/{ws_guess}/0/1"] = (b"I" + bytes(72)).hex()
+    fake, ws = _fake_bootstrap(monkeypatch, groups, processes=2, store=store)
+    assert ws == ws_guess
+    names = [c[0] for c in fake.calls]
+    assert names == ["workspace_alloc", "workspace_export", "workspace_open_peer",
+                     "workspace_finalize"]
+    assert store[f"jax_mok/ws/{ws}/0/0"] == (b"I" + bytes(72)).hex()
