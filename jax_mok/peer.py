@@ -18,10 +18,18 @@ import numpy as np
 
 DISPATCH, COMBINE, REVERSE_DISPATCH, REVERSE_COMBINE = 0, 1, 2, 3
 
+# Test seam: an object with ``exchange(x, ids, w, workspace_id, phase)`` and ``combine(rows,
+# home_row, workspace_id, phase)`` standing in for the two FFI calls. tests/test_peer_transport.py
+# emulates the transport on CPU devices with host callbacks to check this module's glue
+# (packing, transposes) against transport "xla". None: the FFI targets.
+_backend = None
+
 
 def _exchange(x, ids, w, workspace_id: int, phase: int):
     """All-to-all over peer memory: chunk ``d`` of each operand ``[EP, ...]`` goes to rank ``d``;
     chunk ``s`` of each result came from rank ``s``."""
+    if _backend is not None:
+        return _backend.exchange(x, ids, w, workspace_id, phase)
     outs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, ids, w))
     call = jax.ffi.ffi_call("mok_ep_dispatch", outs, has_side_effect=True)
     return call(x, ids, w, workspace_id=np.int64(workspace_id), phase=np.int32(phase))
@@ -59,6 +67,8 @@ dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
 def _combine_call(rows, home_row, workspace_id: int, phase: int):
+    if _backend is not None:
+        return _backend.combine(rows, home_row, workspace_id, phase)
     T, H = home_row.shape[0], rows.shape[-1]
     call = jax.ffi.ffi_call("mok_ep_combine", jax.ShapeDtypeStruct((T, H), jnp.float32),
                             has_side_effect=True)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 import jax_mok
-from jax_mok import testing, workspace
+from jax_mok import peer, testing, workspace
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     try:  # as tests/test_sharding.py: several CPU devices, before the CPU backend exists
@@ -61,6 +62,77 @@ def test_peer_program_lowers_on_cpu(monkeypatch, data, ep):
     assert text.count("mok_ep_dispatch") == 3, text.count("mok_ep_dispatch")
     assert text.count("mok_ep_combine") == 1
     assert "all_to_all" not in text and "all-to-all" not in text
+
+
+class _HostExchange:
+    """The peer transport's semantics on CPU devices: each rank's chunks meet in a host-side
+    rendezvous (pure_callback), keyed by (group, call number), as the kernels' epochs key them.
+    Checks the JAX glue (packing, home rows, custom_vjp transposes), not the CUDA kernels."""
+
+    def __init__(self, mesh, axis: str):
+        self.axis, self.ep = axis, int(mesh.shape[axis])
+        self.others = tuple(a for a in mesh.axis_names if a != axis)
+        self.cv = threading.Condition()
+        self.box, self.calls, self.phases = {}, {}, []
+
+    def _meet(self, group, rank, arrays):
+        key = (int(group), int(rank))
+        with self.cv:
+            n = self.calls.get(key, 0)
+            self.calls[key] = n + 1
+            self.box[(int(group), n, int(rank))] = arrays
+            self.cv.notify_all()
+            if not self.cv.wait_for(lambda: all((int(group), n, s) in self.box
+                                                for s in range(self.ep)), timeout=60):
+                raise RuntimeError(f"emulated peer exchange: rank {rank} waited in vain")
+            return tuple(np.stack([self.box[(int(group), n, s)][i][int(rank)]
+                                   for s in range(self.ep)]) for i in range(len(arrays)))
+
+    def _call(self, *arrays):
+        rank = jax.lax.axis_index(self.axis)
+        group = jax.lax.axis_index(self.others) if self.others else jnp.int32(0)
+        shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
+        return jax.pure_callback(lambda g, r, *a: self._meet(g, r, a), shapes, group, rank,
+                                 *arrays)
+
+    def exchange(self, x, ids, w, workspace_id, phase):
+        self.phases.append(phase)
+        return self._call(x, ids, w)
+
+    def combine(self, rows, home_row, workspace_id, phase):
+        self.phases.append(phase)
+        (recv,) = self._call(rows)  # [EP, R, H]: chunk d = rows rank d computed for me
+        d = jnp.arange(self.ep)[None, :]
+        picked = recv[d, jnp.clip(home_row, 0, rows.shape[1] - 1)].astype(jnp.float32)
+        return jnp.where((home_row >= 0)[:, :, None], picked, 0.0).sum(1)  # d ascending
+
+
+@pytest.mark.parametrize("data,ep,capacity_factor", [(1, 2, None), (2, 2, 0.75), (1, 4, None)])
+def test_emulated_peer_glue_equals_xla_transport(monkeypatch, data, ep, capacity_factor):
+    """CPU: transport "peer" with the exchange emulated gives transport "xla"'s values, aux and
+    gradients (x and every weight)."""
+    devices = jax.devices("cpu")
+    if len(devices) < data * ep:
+        pytest.skip(f"needs {data * ep} CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
+    mesh = jax.sharding.Mesh(np.array(devices[:data * ep]).reshape(data, ep), ("data", "expert"))
+    emulator = _HostExchange(mesh, "expert")
+    monkeypatch.setattr(peer, "_backend", emulator)
+    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
+    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
+    config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
+    params = testing.random_params(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (32, 64))
+    (l0, (y0, aux0)), g0 = _value_and_grad(x, params, mesh=mesh, transport="xla")(x, params)
+    (l1, (y1, aux1)), g1 = _value_and_grad(x, params, mesh=mesh, transport="peer")(x, params)
+    assert sorted(set(emulator.phases)) == [peer.DISPATCH, peer.COMBINE, peer.REVERSE_DISPATCH,
+                                            peer.REVERSE_COMBINE]
+    assert testing.rel_error(y1, y0) < 1e-6
+    np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
+    assert int(aux1["dropped_tokens"]) == int(aux0["dropped_tokens"])
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
+                                 strict=True):
+        err = testing.rel_error(got, want)
+        assert err < 1e-6, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
 
 
 # ------------------------------------------------------------------ GPU (2 devices, one process)
@@ -162,7 +234,7 @@ _TWO_PROCESSES = textwrap.dedent("""
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
                                local_device_ids=[pid])
     import jax_mok
-    from jax_mok import testing, workspace
+    from jax_mok import peer, testing, workspace
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("expert",))
     print("AVAILABLE", workspace.peer_transport_available(mesh, "expert"), flush=True)
     cfg = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=64, ffn_size=32)
