@@ -55,7 +55,36 @@ from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams
 from jax_mok.routing import DROPPED, Routing, route
 
-TRANSPORTS = ("xla", "peer")
+TRANSPORTS = ("xla", "peer", "auto")
+_WARNED: set[str] = set()
+
+
+def _default_transport() -> str:
+    """``JAX_MOK_TRANSPORT`` (``"xla"`` when unset): the transport when a call names none.
+    ``"auto"`` picks ``"peer"`` where :func:`jax_mok.workspace.peer_transport_available` allows
+    it, else ``"xla"`` with a one-time warning giving the reason (opt-in while ``"peer"`` is
+    unvalidated on GPUs)."""
+    import os
+
+    value = os.environ.get("JAX_MOK_TRANSPORT", "xla")
+    if value not in TRANSPORTS:
+        raise ValueError(f"JAX_MOK_TRANSPORT must be one of {TRANSPORTS}, got {value!r}")
+    return value
+
+
+def _resolve_auto(plan: ExpertParallel) -> ExpertParallel:
+    """transport "auto" -> "peer" where available, else "xla" (warning once per reason)."""
+    if plan.transport != "auto":
+        return plan
+    from jax_mok import workspace
+
+    available, reason = workspace.peer_transport_available(plan.mesh, plan.expert_axis)
+    if not available and reason not in _WARNED:
+        import warnings
+
+        _WARNED.add(reason)
+        warnings.warn(f"jax_mok: transport 'auto' uses 'xla': {reason}", stacklevel=3)
+    return dataclasses.replace(plan, transport="peer" if available else "xla")
 
 if hasattr(jax, "shard_map"):  # jax >= 0.7: jax.shard_map(check_vma=...)
     def _shard_map(f, mesh, in_specs, out_specs):
@@ -80,7 +109,9 @@ class ExpertParallel:
         contain ``expert_axis``. ``None``: every mesh axis, in mesh order (e.g. ``("data",
         "expert")``), which is what a batch sharded ``P(("data", "expert"))`` already has.
       transport: ``"xla"`` (``lax.all_to_all``); ``"peer"``: NVLink peer memory where available
-        (see :func:`jax_mok.workspace.peer_transport_available`).
+        (see :func:`jax_mok.workspace.peer_transport_available`); ``"auto"``: ``"peer"`` where
+        available, else ``"xla"`` with a one-time warning. Unnamed: ``JAX_MOK_TRANSPORT`` or
+        ``"xla"``.
     """
 
     mesh: Mesh | AbstractMesh
@@ -144,7 +175,7 @@ _CONTEXT: contextvars.ContextVar[ExpertParallel | None] = contextvars.ContextVar
 @contextlib.contextmanager
 def expert_parallel(mesh: Mesh | AbstractMesh | None = None, *, expert_axis: str = "expert",
                     token_axes: Sequence[str] | None = None,
-                    transport: str = "xla") -> Iterator[ExpertParallel]:
+                    transport: str | None = None) -> Iterator[ExpertParallel]:
     """Context in which every :func:`jax_mok.moe` call (also from Flax modules) runs EP.
 
     ``mesh=None`` takes the ambient mesh (``jax.set_mesh`` / ``use_mesh``) at entry. The context
@@ -164,7 +195,8 @@ def expert_parallel(mesh: Mesh | AbstractMesh | None = None, *, expert_axis: str
                 "none is set"
             )
     plan = ExpertParallel(mesh, expert_axis,
-                          None if token_axes is None else tuple(token_axes), transport)
+                          None if token_axes is None else tuple(token_axes),
+                          transport or _default_transport())
     token = _CONTEXT.set(plan)
     try:
         yield plan
@@ -263,7 +295,7 @@ def plan_for(params: MoEParams, *, mesh=None, expert_axis: str = "expert",
     token_axes = None if token_axes is None else (
         (token_axes,) if isinstance(token_axes, str) else tuple(token_axes))
     if mesh is not None:
-        return ExpertParallel(mesh, expert_axis, token_axes, transport or "xla")
+        return ExpertParallel(mesh, expert_axis, token_axes, transport or _default_transport())
     plan = _CONTEXT.get()
     if plan is not None:
         if transport is not None and transport != plan.transport:
@@ -272,13 +304,14 @@ def plan_for(params: MoEParams, *, mesh=None, expert_axis: str = "expert",
     ambient = _ambient_mesh()
     if ambient is not None and expert_axis in ambient.axis_names and not _manual(
             ambient, expert_axis):
-        return ExpertParallel(ambient, expert_axis, token_axes, transport or "xla")
+        return ExpertParallel(ambient, expert_axis, token_axes, transport or _default_transport())
     known = _weight_spec(params.w_gate_up)
     if known is not None:
         spec, weight_mesh = known
         sharded = [a for e in tuple(spec) for a in _spec_axes(e)]
         if expert_axis in sharded:
-            return ExpertParallel(weight_mesh, expert_axis, token_axes, transport or "xla")
+            return ExpertParallel(weight_mesh, expert_axis, token_axes,
+                                  transport or _default_transport())
         if sharded:
             raise ValueError(
                 f"params.w_gate_up is sharded as {spec} over mesh axes {sharded}, but no mesh "
@@ -384,6 +417,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
     from jax_mok import api  # api imports this module lazily; keep the cycle one-way at import
 
     config = params.config
+    plan = _resolve_auto(plan)
     if plan.transport == "peer":
         # Only where every device of the expert axis is an NVLink peer with the CUDA build;
         # elsewhere the same NotImplementedError as before (docs/peer-transport.md).

@@ -237,16 +237,23 @@ _TWO_PROCESSES = textwrap.dedent("""
     from jax_mok import peer, testing, workspace
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("expert",))
     print("AVAILABLE", workspace.peer_transport_available(mesh, "expert"), flush=True)
+    from jax.sharding import NamedSharding, PartitionSpec as P
     cfg = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=64, ffn_size=32)
-    params = testing.random_params(jax.random.key(0), cfg)
-    x = jax.random.normal(jax.random.key(1), (256, 64))
+    def global_array(value, spec):  # the same host data in both processes -> one global array
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, NamedSharding(mesh, spec),
+                                            lambda i: value[i])
+    params = jax.tree.map(lambda a: global_array(a, P()),
+                          testing.random_params(jax.random.key(0), cfg))
+    x = global_array(jax.random.normal(jax.random.key(1), (256, 64)), P("expert"))
     def loss(x, p, transport):
         y = jax_mok.moe(x, p, mesh=mesh, transport=transport)
         return jnp.sum(y.astype(jnp.float32) ** 2)
+    local = lambda a: np.asarray(a.addressable_data(0))  # replicated: the local copy is whole
     out = {}
     for t in ("xla", "peer"):
         value, grads = jax.jit(jax.value_and_grad(lambda x, p: loss(x, p, t), argnums=1))(x, params)
-        out[t] = (float(value), float(jnp.sum(grads.router ** 2)))
+        out[t] = (float(local(value)), float(np.sum(local(grads.router) ** 2)))
     print("RESULT", pid, out["xla"], out["peer"], flush=True)
     jax.distributed.shutdown()
 """)
@@ -271,3 +278,31 @@ def test_two_processes_one_gpu_each():
         xla = [float(v) for v in xla.strip("() ").split(",")]
         got = [float(v) for v in got.strip("() ").split(",")]
         np.testing.assert_allclose(got, xla, rtol=1e-5)
+
+
+def test_auto_transport_falls_back_with_one_warning(monkeypatch):
+    """JAX_MOK_TRANSPORT=auto on CPU: the XLA transport's result, one warning with the reason."""
+    import warnings
+
+    from jax_mok import sharding
+
+    devices = jax.devices("cpu")
+    if len(devices) < 2:
+        pytest.skip("needs 2 CPU devices")
+    mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
+    config = _config()
+    params = testing.random_params(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (16, 64))
+    want = jax_mok.moe(x, params, mesh=mesh)
+    monkeypatch.setenv("JAX_MOK_TRANSPORT", "auto")
+    monkeypatch.setattr(sharding, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = jax_mok.moe(x, params, mesh=mesh)
+        jax_mok.moe(x, params, mesh=mesh)
+    texts = [str(w.message) for w in caught if "transport 'auto'" in str(w.message)]
+    assert len(texts) == 1 and "uses 'xla'" in texts[0], texts
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    monkeypatch.setenv("JAX_MOK_TRANSPORT", "nvls")
+    with pytest.raises(ValueError, match=r"JAX_MOK_TRANSPORT must be one of .* got 'nvls'"):
+        jax_mok.moe(x, params, mesh=mesh)

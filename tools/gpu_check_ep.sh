@@ -4,6 +4,8 @@
 #   OUT=/some/dir tools/gpu_check_ep.sh [smoke|tests|full]   (default full; outputs in $OUT)
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticast*.
 # The peer workspace lives outside XLA's pool: XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 leaves room.
+# JAX_MOK_CUDA_DEBUG_SYNC stays off here: a host sync per launch could itself serialize the two
+# devices if XLA launched them from one thread (the smoke runs both JAX_MOK_PEER_CHECK modes).
 # Written 2026-11-29 on the CPU machine; NOT run yet.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +52,7 @@ PY
 
 step "smoke: peer.dispatch / combine == all_to_all path (each check mode)"
 for check in sync deferred; do
-  JAX_MOK_PEER_CHECK=$check JAX_MOK_CUDA_DEBUG_SYNC=1 timeout 120 python3 - <<'PY' 2>&1 | tail -15
+  JAX_MOK_PEER_CHECK=$check timeout 120 python3 - <<'PY' 2>&1 | tail -15
 import os, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 from jax_mok import peer, sharding, workspace
