@@ -286,6 +286,7 @@ def peer_transport_available(mesh, axis: str = "expert") -> tuple[bool, str]:
 
 _LOCK = threading.Lock()
 _WORKSPACES: dict[tuple, int] = {}
+_GENERATION = [0]  # bumped by reset(): fresh ids and key-value keys (keys cannot be overwritten)
 
 
 def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None) -> int:
@@ -305,7 +306,7 @@ def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None) -> int:
         ok, reason = peer_transport_available(mesh, axis)
         if not ok or module is None:
             raise NotImplementedError(f"transport='peer' is not available here: {reason}")
-        ws_id = zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
+        ws_id = zlib.crc32(repr((key, _GENERATION[0])).encode()) & 0x7FFFFFFF
         while ws_id in _WORKSPACES.values():
             ws_id = (ws_id + 1) & 0x7FFFFFFF
         me, count = jax.process_index(), jax.process_count()
@@ -353,6 +354,7 @@ def reset() -> None:
         if module is not None and _WORKSPACES:
             module.workspace_free_all()
         _WORKSPACES.clear()
+        _GENERATION[0] += 1
 
 
 __all__ = [

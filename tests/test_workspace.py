@@ -214,6 +214,7 @@ def _fake_bootstrap(monkeypatch, groups, processes=1, store=None):
     monkeypatch.setattr(workspace, "kv_client", lambda: _FakeKV(store) if processes > 1 else None)
     monkeypatch.delenv("JAX_MOK_PEER_BOOTSTRAP", raising=False)
     monkeypatch.setattr(workspace, "_WORKSPACES", {})
+    monkeypatch.setattr(workspace, "_GENERATION", [0])
     mesh = jax.sharding.Mesh(jax.devices("cpu")[:1], ("expert",))
     spec = WorkspaceSpec(2, 8, 16, 2, "float32")
     return fake, workspace.workspace_for(mesh, "expert", spec)
@@ -241,7 +242,7 @@ def test_workspace_for_two_processes_exchanges_handles(monkeypatch):
     store = {}
     spec = WorkspaceSpec(2, 8, 16, 2, "float32")
     key = ((0, 1), "expert", spec)
-    ws_guess = __import__("zlib").crc32(repr(key).encode()) & 0x7FFFFFFF
+    ws_guess = __import__("zlib").crc32(repr((key, 0)).encode()) & 0x7FFFFFFF
     store[f"jax_mok/host/{ws_guess}/1"] = socket.gethostname()
     fp = workspace.fingerprint(spec, None, {"expert": 1}, "expert")
     fp["workspace_id"], fp["bootstrap"] = ws_guess, "ipc"
@@ -253,3 +254,14 @@ def test_workspace_for_two_processes_exchanges_handles(monkeypatch):
     assert names == ["workspace_alloc", "workspace_export", "workspace_open_peer",
                      "workspace_finalize"]
     assert store[f"jax_mok/ws/{ws}/0/0"] == (b"I" + bytes(72)).hex()
+
+
+def test_reset_frees_and_next_bootstrap_gets_a_fresh_id(monkeypatch):
+    groups = [[_Dev(0, 0, 0), _Dev(1, 0, 1)]]
+    fake, first = _fake_bootstrap(monkeypatch, groups)
+    mesh = jax.sharding.Mesh(jax.devices("cpu")[:1], ("expert",))
+    spec = WorkspaceSpec(2, 8, 16, 2, "float32")
+    assert workspace.workspace_for(mesh, "expert", spec) == first  # cached
+    workspace.reset()
+    assert ("workspace_free_all",) in fake.calls
+    assert workspace.workspace_for(mesh, "expert", spec) != first
