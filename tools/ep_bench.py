@@ -25,8 +25,11 @@ from jax.sharding import PartitionSpec as P
 import jax_mok
 from jax_mok import peer, sharding, testing, workspace
 
+_REPS = 10
 
-def _median_ms(fn, *args, reps: int = 10) -> float:
+
+def _median_ms(fn, *args) -> float:
+    reps = _REPS
     for _ in range(2):
         jax.block_until_ready(fn(*args))
     times = []
@@ -67,8 +70,12 @@ def main() -> None:
     ap.add_argument("--tokens", default="4096,8192,16384")
     ap.add_argument("--expert-scale", type=int, default=1,
                     help="divide E by this (S2's 256 experts are 22.5 GB in bf16)")
+    ap.add_argument("--platform", default="gpu", help="cpu: a dry run of this script (xla only)")
+    ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
-    gpus = jax.devices("gpu")
+    global _REPS
+    _REPS = args.reps
+    gpus = jax.devices(args.platform)
     mesh = jax.sharding.Mesh(np.array(gpus), ("expert",))
     ep = len(gpus)
     ok, reason = workspace.peer_transport_available(mesh, "expert")
