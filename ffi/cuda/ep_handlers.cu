@@ -6,6 +6,8 @@
 //                    -> y [T,H] f32, y[t] = sum_{d asc, home_row[t,d] >= 0} rows_from_d[home_row]
 // Attributes: workspace_id (i64), phase (i32, names the exchange in errors).
 // Status (2026-11-29): compile-checked with nvcc 13.0 for sm_90a, NOT run on a GPU.
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -53,6 +55,13 @@ ffi::Error Prepare(int32_t device, int64_t id, symmetric::View* view, int* sms) 
 ffi::Error Check(const symmetric::View& v, int64_t id, int32_t device, cudaStream_t stream,
                  bool sync) {
   if (sync) MOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (sync && DebugSync()) {  // JAX_MOK_CUDA_DEBUG_SYNC=1: the epoch this rank has finished
+    unsigned long long epoch = 0;
+    MOK_CUDA_RETURN(cudaMemcpy(&epoch, v.local + offsetof(symmetric::Signal, epoch), sizeof(epoch),
+                               cudaMemcpyDeviceToHost));
+    std::fprintf(stderr, "jax_mok peer: workspace %lld rank %d device %d finished epoch %llu\n",
+                 static_cast<long long>(id), v.rank, static_cast<int>(device), epoch);
+  }
   const unsigned int code = *v.error_host;
   if (code == 0u) return ffi::Error::Success();
   const int phase = static_cast<int>((code - 1u) / 256u),
