@@ -222,7 +222,8 @@ _ONE_SIDED = textwrap.dedent("""
 @pytest.mark.multigpu
 def test_one_sided_call_times_out_with_an_error():
     """Only rank 0 launches: its bounded wait must end in an error naming rank 1, not a hang."""
-    env = {**os.environ, "JAX_MOK_PEER_TIMEOUT_MS": "500"}
+    # The pytest process already holds XLA's preallocation on both GPUs: allocate on demand.
+    env = {**os.environ, "JAX_MOK_PEER_TIMEOUT_MS": "500", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     proc = subprocess.run([sys.executable, "-c", _ONE_SIDED], capture_output=True, text=True,
                           timeout=120, env=env)
     out = proc.stdout + proc.stderr
@@ -269,8 +270,9 @@ def test_two_processes_one_gpu_each():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # pytest holds its share
     procs = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESSES, str(i), str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     for out in outs:
