@@ -97,7 +97,13 @@ def train(args: argparse.Namespace) -> None:
         raise ValueError(f"--expert-parallel={ep} must divide the {len(devices)} devices")
     mesh = jax.make_mesh((len(devices) // ep, ep), ("data", "expert"),
                          axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    log = (lambda *a: print(f"[process {rank}/{world}]", *a, flush=True))
+
+    def log(*parts) -> None:
+        # One write per line: the processes share a pipe, and a prefix written separately from
+        # its message can be interleaved with the other process's output.
+        message = " ".join(str(p) for p in parts)
+        sys.stdout.write(f"[process {rank}/{world}] {message}\n")
+        sys.stdout.flush()
     log(f"{len(devices)} devices ({jax.local_device_count()} local, "
         f"{jax.default_backend()}), mesh {dict(mesh.shape)}")
 
