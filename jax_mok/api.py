@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 
@@ -58,13 +60,40 @@ def validate(x, params) -> MoEConfig:
     return config
 
 
-def default_implementation() -> str:
-    """The kernels where they are built for the default backend, else the reference."""
+KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+CUDA_MAX_EXPERTS = 4096
+_warned: set[str] = set()
+
+
+def kernel_limits(dtype, config: MoEConfig, backend: str) -> str | None:
+    """None when the kernels handle this call on ``backend``, else the reason they do not."""
+    if jnp.dtype(dtype) not in KERNEL_DTYPES:
+        return f"the kernels take float32 or bfloat16 x, got {jnp.dtype(dtype)}"
+    if backend in ("gpu", "cuda"):
+        H, F, E = config.hidden_size, config.ffn_size, config.num_experts
+        if H % 8 or F % 8:
+            return ("the CUDA kernels need hidden_size and ffn_size multiples of 8, "
+                    f"got H={H}, F={F}")
+        if E > CUDA_MAX_EXPERTS:
+            return f"the CUDA kernels take at most {CUDA_MAX_EXPERTS} experts per call, got {E}"
+    return None
+
+
+def default_implementation(dtype=None, config: MoEConfig | None = None) -> str:
+    """The kernels where they are built for the default backend and handle the call (dtype and
+    sizes, when given), else the reference — with a one-time warning saying why."""
     backend = jax.default_backend()
-    if backend == "cpu" and _ffi.cpu_module() is not None:
+    built = (backend == "cpu" and _ffi.cpu_module() is not None) or (
+        backend == "gpu" and _ffi.cuda_module() is not None)
+    if not built:
+        return "reference"
+    reason = kernel_limits(dtype, config, backend) if config is not None else None
+    if reason is None:
         return "ffi"
-    if backend == "gpu" and _ffi.cuda_module() is not None:
-        return "ffi"
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"jax_mok.moe: using implementation='reference' because {reason}",
+                      stacklevel=3)
     return "reference"
 
 
@@ -100,12 +129,18 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
     """
     config = validate(x, params)
     if implementation is None:
-        implementation = default_implementation()
+        implementation = default_implementation(x.dtype, config)
     elif implementation not in autodiff.IMPLEMENTATIONS:
         raise ValueError(
             f"implementation must be None or one of {autodiff.IMPLEMENTATIONS}, "
             f"got {implementation!r}"
         )
+    elif implementation != "reference":
+        backend = {"cuda": "gpu", "cpu": "cpu"}.get(implementation, jax.default_backend())
+        reason = kernel_limits(x.dtype, config, backend)
+        if reason is not None:
+            raise ValueError(f"implementation={implementation!r}: {reason}; "
+                             "use implementation='reference' or None")
     from jax_mok import sharding  # imported here: sharding uses this module's helpers
 
     plan = sharding.plan_for(params, mesh=mesh, expert_axis=expert_axis, token_axes=token_axes,

@@ -85,3 +85,15 @@ def test_params_type_and_replace(params):
     assert replaced.config == params.config
     # softmax routing, no shared expert: router, w_gate_up, w_down are the only leaves
     assert [a.shape for a in jax.tree.leaves(replaced)] == [(16, 8), (8, 16, 16), (8, 8, 16)]
+
+
+def test_kernel_limits_fall_back_or_raise(params):
+    x16 = jnp.ones((4, 16), jnp.float16)
+    with pytest.raises(ValueError, match="the kernels take float32 or bfloat16 x, got float16"):
+        jax_mok.moe(x16, params, implementation="ffi")
+    with pytest.warns(UserWarning, match="using implementation='reference' because"):
+        y = jax_mok.moe(x16, params)  # default: falls back to the reference, says why once
+    assert y.dtype == jnp.float16 and y.shape == (4, 16)
+    cfg = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=36, ffn_size=20)
+    assert "multiples of 8" in jax_mok.api.kernel_limits(jnp.bfloat16, cfg, "gpu")
+    assert jax_mok.api.kernel_limits(jnp.bfloat16, cfg, "cpu") is None
