@@ -65,6 +65,13 @@ ffi::Error CheckSameShape(const char* name, const ffi::AnyBuffer& a, int64_t d0,
   return ffi::Error::Success();
 }
 
+// Calls fn(T{}) with T the storage type of `dtype` (bf16 or float; ReadProblem admits no other).
+template <typename Fn>
+ffi::Error DispatchDtype(ffi::DataType dtype, Fn&& fn) {
+  if (dtype == ffi::DataType::BF16) return fn(bf16{});
+  return fn(float{});
+}
+
 ffi::Error MoeFwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
                   ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
                   ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> y) {
@@ -80,15 +87,12 @@ ffi::Error MoeFwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
   if (pr.tokens == 0) return ffi::Error::Success();
   const int* id = static_cast<const int*>(ids.untyped_data());
   const float* wt = static_cast<const float*>(w.untyped_data());
-  if (pr.dtype == ffi::DataType::BF16)
-    return Forward<bf16>(stream, scratch, dev, pr, static_cast<const bf16*>(x.untyped_data()), id,
-                         wt, static_cast<const bf16*>(wgu.untyped_data()),
-                         static_cast<const bf16*>(wd.untyped_data()),
-                         static_cast<bf16*>(y->untyped_data()));
-  return Forward<float>(stream, scratch, dev, pr, static_cast<const float*>(x.untyped_data()), id,
-                        wt, static_cast<const float*>(wgu.untyped_data()),
-                        static_cast<const float*>(wd.untyped_data()),
-                        static_cast<float*>(y->untyped_data()));
+  return DispatchDtype(pr.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return Forward<T>(stream, scratch, dev, pr, static_cast<const T*>(x.untyped_data()), id, wt,
+                      static_cast<const T*>(wgu.untyped_data()),
+                      static_cast<const T*>(wd.untyped_data()), static_cast<T*>(y->untyped_data()));
+  });
 }
 
 ffi::Error MoeBwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
@@ -117,20 +121,14 @@ ffi::Error MoeBwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
   const int* id = static_cast<const int*>(ids.untyped_data());
   const float* wt = static_cast<const float*>(w.untyped_data());
   float* dw = static_cast<float*>(d_w->untyped_data());
-  if (pr.dtype == ffi::DataType::BF16) {
-    using T = bf16;
+  return DispatchDtype(pr.dtype, [&](auto tag) {
+    using T = decltype(tag);
     return Backward<T>(
         stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
         static_cast<const T*>(x.untyped_data()), id, wt, static_cast<const T*>(wgu.untyped_data()),
         static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx->untyped_data()), dw,
         static_cast<T*>(d_wgu->untyped_data()), static_cast<T*>(d_wd->untyped_data()));
-  }
-  using T = float;
-  return Backward<T>(
-      stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
-      static_cast<const T*>(x.untyped_data()), id, wt, static_cast<const T*>(wgu.untyped_data()),
-      static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx->untyped_data()), dw,
-      static_cast<T*>(d_wgu->untyped_data()), static_cast<T*>(d_wd->untyped_data()));
+  });
 }
 
 }  // namespace
