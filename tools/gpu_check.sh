@@ -4,7 +4,10 @@
 #   OUT=/some/dir tools/gpu_check.sh [quick|kernels|full]   (quick: S1,S3,S6 kernel timings;
 #   kernels: all shapes; full: + python -m benchmarks.run $BENCH_ARGS; ncu: build, smoke and
 #   hardware counters of the forward GEMMs of S3 and S2; final: build, GPU tests and the harness
-#   only, for a short device budget). Outputs land in $OUT.
+#   only, for a short device budget; bench: build, smoke and the harness, e.g. as a second call on a
+#   machine still warm from a "kernels" call). Outputs land in $OUT. Env: TEST_TIMEOUT (300),
+#   TIMING_TIMEOUT (240), TIMING_TMA_A=1 (also time JAX_MOK_CUDA_TMA_A=1), NCU=1 (add the ncu
+#   counters of NCU_SHAPES, default "S3 S2"), BENCH_ARGS, BENCH_TIMEOUT (400).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +63,7 @@ for dt in (jnp.float32, jnp.bfloat16):
 PY
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "SMOKE FAILED: stopping"; exit 1; }
 
-if [ "$MODE" = ncu ]; then
+run_ncu() {
   # Hardware counters of the two forward GEMMs of S3 and S2 (balanced routing), one launch each.
   step "ncu"
   cat > /tmp/ncu_case.py <<'PY'
@@ -76,32 +79,41 @@ w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
 f = jax.jit(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"))
 jax.block_until_ready(f(x, w, wgu, wd))
 PY
-  for s in S3 S2; do
+  for s in ${NCU_SHAPES:-S3 S2}; do
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 ncu --clock-control none --kernel-name regex:wgmma_gemm --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section WarpStateStats --section SchedulerStats \
       python3 /tmp/ncu_case.py $s > "$OUT/ncu_$s.txt" 2>&1
-    grep -E "wgmma_gemm_kernel|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers" "$OUT/ncu_$s.txt" | head -40
+    grep -E "wgmma_gemm_kernel|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers|Stall|Issued|Eligible|Active Warps" "$OUT/ncu_$s.txt" | head -60
   done
+}
+
+if [ "$MODE" = ncu ]; then
+  run_ncu
   exit 0
 fi
 
-step "GPU tests"
-JAX_MOK_REQUIRE_CUDA=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider \
-  tests/test_cuda_kernels.py 2>&1 | tee "$OUT/tests.log" | tail -25
-TEST_RC=${PIPESTATUS[0]}
+TEST_RC=0
+if [ "$MODE" != bench ]; then
+  step "GPU tests"
+  JAX_MOK_REQUIRE_CUDA=1 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tests/test_cuda_kernels.py 2>&1 | tee "$OUT/tests.log" | tail -25
+  TEST_RC=${PIPESTATUS[0]}
+fi
 
-if [ "$MODE" = final ]; then
+if [ "$MODE" = final ] || [ "$MODE" = bench ]; then
+  [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null && run_ncu
   # One lean run for a short device budget: build, GPU tests, then the harness (no extra timings).
   step "benchmark harness"
   timeout ${BENCH_TIMEOUT:-400} python3 -m benchmarks.run --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/bench.log" | grep -v "^  " | tail -60
   step "summary"
-  grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+  [ -f "$OUT/tests.log" ] && grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
   exit $TEST_RC
 fi
 
 step "kernel timings"
-timeout 240 python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/timings.txt"
+timeout ${TIMING_TIMEOUT:-240} python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/timings.txt"
 import sys, time, json, numpy as np, jax, jax.numpy as jnp
 from jax_mok import autodiff
 mode = sys.argv[1]
@@ -145,6 +157,19 @@ for name, (T, H, F, E, k) in SHAPES.items():
     fb = jax.jit(fb)
     flops = 6 * T * k * H * F
     tf = bench(fwd, x, w, wgu, wd, n=10)
+    if os.environ.get("TIMING_TMA_A") == "1":  # the experimental TMA A-operand path, same inputs
+        os.environ["JAX_MOK_CUDA_TMA_A"] = "1"
+        try:
+            ta = bench(fwd, x, w, wgu, wd, n=10)
+            ya, yb = fwd(x, w, wgu, wd), None
+            os.environ["JAX_MOK_CUDA_TMA_A"] = "0"
+            yb = fwd(x, w, wgu, wd)
+            same = bool(jnp.array_equal(ya, yb))
+            print(f"{name}: fwd TMA_A=1 {ta*1e3:.3f} ms {flops/ta/1e12:.0f} TFLOP/s "
+                  f"(TMA_A=0 {tf*1e3:.3f} ms), outputs bitwise equal: {same}", flush=True)
+        except Exception as e:
+            print(f"{name}: TMA_A=1 failed: {str(e)[:300]}", flush=True)
+        os.environ["JAX_MOK_CUDA_TMA_A"] = "0"
     try:
         tb = bench(fb, x, w, wgu, wd, n=5)
     except Exception as e:  # e.g. out of memory for the weight gradients
@@ -164,6 +189,8 @@ if [ -f benchmarks/run.py ] && [ "$MODE" = full ]; then
   BENCH_ARGS=${BENCH_ARGS:-}
   timeout 900 python3 -m benchmarks.run --out "$OUT/bench" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -40
 fi
+
+[ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null && run_ncu
 
 step "summary"
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
