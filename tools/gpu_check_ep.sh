@@ -2,8 +2,10 @@
 # Expert-parallel peer transport on a bare nvidia-h200-x2 machine (issue 5): build, probe peer
 # access, smoke the exchange against lax.all_to_all, run the multigpu tests, time EP (B4 vs peer).
 #   OUT=/some/dir tools/gpu_check_ep.sh [smoke|tests|bench|full]   (default full; outputs in $OUT)
-#   smoke: build, probe, exchange == all_to_all; tests: + multigpu tests; bench: build, probe and
-#   tools/ep_bench.py only; full: everything (more than one 600-s device call: split it).
+#   smoke: build, probe, exchange == all_to_all; tests: + multigpu tests; bench: build, probe,
+#   tools/ep_bench.py and B5 (benchmarks.ep_torch, PyTorch NCCL all_to_all_single + B3 compute;
+#   EP_B5=0 skips it, B5_TIMEOUT / B5_BUDGET_S bound it, B5_ARGS replaces EP_BENCH_ARGS for it);
+#   full: everything (more than one 600-s device call: split it).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticast*.
 # The peer workspace lives outside XLA's pool: XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 leaves room.
 # JAX_MOK_CUDA_DEBUG_SYNC stays off here: a host sync per launch could itself serialize the two
@@ -100,6 +102,12 @@ fi
 step "EP benchmark (B4 = transport xla vs peer)"
 timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" \
   ${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1} 2>&1 | tail -30
+if [ "${EP_B5:-1}" != 0 ]; then
+step "B5 (PyTorch NCCL)"
+timeout ${B5_TIMEOUT:-300} python3 -m benchmarks.ep_torch --out "$OUT/ep_torch.jsonl" \
+  --budget-s ${B5_BUDGET_S:-240} \
+  ${B5_ARGS:-${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1}} 2>&1 | tail -40
+fi
 step "summary"
 [ -f "$OUT/tests_ep.log" ] && grep -E "passed|failed|error" "$OUT/tests_ep.log" | tail -3
 exit $TEST_RC
