@@ -6,6 +6,9 @@ Per (shape, tokens per GPU, routing): forward and forward+backward median ms of 
 on a 1-D ``("expert",)`` mesh over every local GPU, per transport; plus the exchange alone
 (``peer.dispatch`` vs ``lax.all_to_all`` of the same ``[EP, R, H]`` rows) with GB/s per direction.
 Experts are scaled down (``--expert-scale``) when the weights would not fit; the record says so.
+Also the compute alone (``compute_only_*``: one GPU, E/ep experts, no exchange) for the overlap
+figure layer / max(compute-only, communication-only). Configs run token-major (the first token
+count for every shape first); ``--budget-s`` records what is left as skipped.
 Status (2026-11-29): written on the CPU machine, NOT run on a GPU yet.
 """
 
@@ -63,15 +66,46 @@ def _exchange_ms(mesh, ep: int, rows: int, hidden: int, k: int, ws: int) -> dict
     return out
 
 
+def _compute_only_ms(config, tokens: int, ep: int, device) -> dict:
+    """The expert compute one GPU does in EP, alone: the same kernels on one device with
+    ``E / ep`` experts and the same ``tokens`` and ``k`` (balanced routing gives each GPU
+    ``tokens * k`` assignments on average), no exchange. The denominator of the overlap figure
+    together with the exchange time."""
+    local = dataclasses.replace(config, num_experts=max(config.top_k, config.num_experts // ep))
+    with jax.default_device(device):
+        params = jax_mok.init_params(jax.random.key(2), local)
+        x = jax.random.normal(jax.random.key(3), (tokens, config.hidden_size), jnp.bfloat16)
+        fwd = jax.jit(lambda x, p: jax_mok.moe(x, p))
+        grad = jax.jit(
+            jax.grad(lambda x, p: jnp.sum(jax_mok.moe(x, p).astype(jnp.float32)), argnums=(0, 1))
+        )
+        out = {
+            "compute_only_fwd_ms": _median_ms(fwd, x, params),
+            "compute_only_fwd_bwd_ms": _median_ms(grad, x, params),
+        }
+    del params, x
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="S1,S2")
     ap.add_argument("--tokens", default="4096,8192,16384")
-    ap.add_argument("--expert-scale", type=int, default=1,
-                    help="divide E by this (S2's 256 experts are 22.5 GB in bf16)")
+    ap.add_argument(
+        "--expert-scale",
+        type=int,
+        default=1,
+        help="divide E by this (S2's 256 experts are 22.5 GB in bf16)",
+    )
     ap.add_argument("--platform", default="gpu", help="cpu: a dry run of this script (xla only)")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=1e9,
+        help="record the configs left as skipped once this many seconds have passed",
+    )
     args = ap.parse_args()
     global _REPS
     _REPS = args.reps
@@ -80,46 +114,80 @@ def main() -> None:
     ep = len(gpus)
     ok, reason = workspace.peer_transport_available(mesh, "expert")
     print(f"EP={ep} peer available: {ok} ({reason})", flush=True)
+    t_start = time.perf_counter()
+    configs = [(name, int(t)) for t in args.tokens.split(",") for name in args.shapes.split(",")]
+    params_cache: dict = {}
     with open(args.out, "a") as sink:
-        for name in args.shapes.split(","):
+        for name, tokens in configs:  # token-major: the first token count covers every shape
             shape = testing.SHAPES[name]
             experts = max(ep, shape.experts // args.expert_scale)
             config = dataclasses.replace(shape.config(), num_experts=experts)
-            params = jax_mok.init_params(jax.random.key(0), config)
-            experts_sharding = NamedSharding(mesh, P("expert"))
-            params = dataclasses.replace(
-                params, w_gate_up=jax.device_put(params.w_gate_up, experts_sharding),
-                w_down=jax.device_put(params.w_down, experts_sharding))
-            for tokens in (int(t) for t in args.tokens.split(",")):
-                for routing in ("balanced", "skewed"):
-                    p = params
-                    if routing == "skewed":  # the first E/4 experts' logits scaled x3
-                        p = dataclasses.replace(p, router=p.router.at[:, : experts // 4].mul(3.0))
-                    x = jax.device_put(
-                        jax.random.normal(jax.random.key(1), (ep * tokens, shape.hidden),
-                                          jnp.bfloat16), NamedSharding(mesh, P("expert")))
-                    record = {"shape": name, "experts": experts, "scaled": experts != shape.experts,
-                              "tokens_per_gpu": tokens, "ep": ep, "routing": routing}
-                    for transport in ("xla", "peer"):
-                        if transport == "peer" and not ok:
-                            continue
-                        fwd = jax.jit(lambda x, p, t=transport: jax_mok.moe(
-                            x, p, mesh=mesh, transport=t))
-                        grad = jax.jit(jax.grad(lambda x, p, t=transport: jnp.sum(jax_mok.moe(
-                            x, p, mesh=mesh, transport=t).astype(jnp.float32)), argnums=(0, 1)))
-                        try:
-                            record[f"{transport}_fwd_ms"] = _median_ms(fwd, x, p)
-                            record[f"{transport}_fwd_bwd_ms"] = _median_ms(grad, x, p)
-                        except Exception as e:  # record and go on: one failure must not end it
-                            record[f"{transport}_error"] = str(e)[:500]
-                    if ok and routing == "balanced":
-                        spec = workspace.WorkspaceSpec.for_call(config, tokens, ep * tokens, ep,
-                                                                jnp.bfloat16)
-                        ws = workspace.workspace_for(mesh, "expert", spec, config)
-                        record["exchange"] = _exchange_ms(mesh, ep, spec.rows, shape.hidden,
-                                                          shape.top_k, ws)
+            if name not in params_cache:
+                params_cache.clear()  # one shape's weights at a time
+                params = jax_mok.init_params(jax.random.key(0), config)
+                experts_sharding = NamedSharding(mesh, P("expert"))
+                params_cache[name] = dataclasses.replace(
+                    params,
+                    w_gate_up=jax.device_put(params.w_gate_up, experts_sharding),
+                    w_down=jax.device_put(params.w_down, experts_sharding),
+                )
+            params = params_cache[name]
+            for routing in ("balanced", "skewed"):
+                record = {
+                    "shape": name,
+                    "experts": experts,
+                    "scaled": experts != shape.experts,
+                    "tokens_per_gpu": tokens,
+                    "ep": ep,
+                    "routing": routing,
+                }
+                elapsed = time.perf_counter() - t_start
+                if elapsed > args.budget_s:
+                    record["skipped"] = f"--budget-s {args.budget_s:.0f} used up"
                     print(json.dumps(record), flush=True)
                     sink.write(json.dumps(record) + "\n")
+                    continue
+                p = params
+                if routing == "skewed":  # the first E/4 experts' logits scaled x3
+                    p = dataclasses.replace(p, router=p.router.at[:, : experts // 4].mul(3.0))
+                x = jax.device_put(
+                    jax.random.normal(jax.random.key(1), (ep * tokens, shape.hidden), jnp.bfloat16),
+                    NamedSharding(mesh, P("expert")),
+                )
+                for transport in ("xla", "peer"):
+                    if transport == "peer" and not ok:
+                        continue
+                    fwd = jax.jit(
+                        lambda x, p, t=transport: jax_mok.moe(x, p, mesh=mesh, transport=t)
+                    )
+                    grad = jax.jit(
+                        jax.grad(
+                            lambda x, p, t=transport: jnp.sum(
+                                jax_mok.moe(x, p, mesh=mesh, transport=t).astype(jnp.float32)
+                            ),
+                            argnums=(0, 1),
+                        )
+                    )
+                    try:
+                        record[f"{transport}_fwd_ms"] = _median_ms(fwd, x, p)
+                        record[f"{transport}_fwd_bwd_ms"] = _median_ms(grad, x, p)
+                    except Exception as e:  # record and go on: one failure must not end it
+                        record[f"{transport}_error"] = str(e)[:500]
+                if routing == "balanced":
+                    try:
+                        record.update(_compute_only_ms(config, tokens, ep, gpus[0]))
+                    except Exception as e:
+                        record["compute_only_error"] = str(e)[:300]
+                if ok and routing == "balanced":
+                    spec = workspace.WorkspaceSpec.for_call(
+                        config, tokens, ep * tokens, ep, jnp.bfloat16
+                    )
+                    ws = workspace.workspace_for(mesh, "expert", spec, config)
+                    record["exchange"] = _exchange_ms(
+                        mesh, ep, spec.rows, shape.hidden, shape.top_k, ws
+                    )
+                print(json.dumps(record), flush=True)
+                sink.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
