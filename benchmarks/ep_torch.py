@@ -249,9 +249,9 @@ class Config:
 
 
 def _configs(args: argparse.Namespace) -> list[Config]:
-    out = []
-    for shape in args.shapes:
-        for tokens in args.tokens:
+    out = []  # token-major: the first token count covers every shape before the budget ends
+    for tokens in args.tokens:
+        for shape in args.shapes:
             for routing in args.routing:
                 out.append(Config(len(out), shape, tokens, routing))
     return out
