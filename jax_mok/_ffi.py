@@ -7,7 +7,8 @@ import importlib
 
 import jax
 
-TARGETS = ("mok_moe_fwd", "mok_moe_bwd")
+TARGETS = ("mok_moe_fwd", "mok_moe_bwd")  # every backend
+CUDA_ONLY_TARGETS = ("mok_moe_fwd_train", "mok_moe_bwd_saved")  # saved activations
 
 
 @functools.cache

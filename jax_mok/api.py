@@ -158,6 +158,7 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         params.w_gate_up.astype(x.dtype),
         params.w_down.astype(x.dtype),
         implementation=implementation,
+        save_activations=config.save_activations,
     )
     if config.shared_size:
         shared = _swiglu_mlp(x2d, params.shared_gate_up, params.shared_down)

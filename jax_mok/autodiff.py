@@ -1,11 +1,20 @@
 """The custom_vjp around the FFI targets ``mok_moe_fwd`` / ``mok_moe_bwd``.
 
-Residuals are the operands themselves: the backward recomputes the gate/up GEMM, which costs
-4*T*k*H*F FLOPs and saves storing T*k*2F activations. Routing ids are integers and get no
-cotangent; the router's gradient flows through ``topk_weights``.
+Two residual policies (``save_activations``):
+- saved (default on CUDA): the training forward (``mok_moe_fwd_train``) also writes the gate/up
+  pre-activations h ``[T*k, 2F]`` in x's dtype, and the backward (``mok_moe_bwd_saved``) reads
+  them instead of recomputing the gate/up GEMM (4*T*k*H*F FLOPs, 2/9 of a training step's).
+  Costs T*k*2F elements of activation memory per layer (S1: 805 MB in bf16).
+- recompute (the CPU backend; ``save_activations=False`` or ``JAX_MOK_SAVE_ACTIVATIONS=0``):
+  residuals are the operands only; the backward recomputes h.
+Routing ids are integers and get no cotangent; the router's gradient flows through
+``topk_weights``. A forward without differentiation always runs the plain ``mok_moe_fwd``.
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +44,13 @@ def _ffi_forward_vmap(axis_size, in_batched, x2d, topk_ids, topk_weights, w_gate
         return a.reshape(-1, *a.shape[2:])
 
     rows = x2d.shape[-2]
-    y = _ffi_forward(fold(x2d, in_batched[0]), fold(topk_ids, in_batched[1]),
-                     fold(topk_weights, in_batched[2]), w_gate_up, w_down)
+    y = _ffi_forward(
+        fold(x2d, in_batched[0]),
+        fold(topk_ids, in_batched[1]),
+        fold(topk_weights, in_batched[2]),
+        w_gate_up,
+        w_down,
+    )
     return y.reshape(axis_size, rows, -1), True
 
 
@@ -48,29 +62,83 @@ def _ffi_backward(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down):
         jax.ShapeDtypeStruct(w_gate_up.shape, w_gate_up.dtype),
         jax.ShapeDtypeStruct(w_down.shape, w_down.dtype),
     )
-    return jax.ffi.ffi_call("mok_moe_bwd", outs)(
-        dy, x2d, topk_ids, topk_weights, w_gate_up, w_down
+    return jax.ffi.ffi_call("mok_moe_bwd", outs)(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down)
+
+
+@jax.custom_batching.custom_vmap
+def _ffi_forward_train(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+    tk = topk_ids.shape[0] * topk_ids.shape[1]
+    outs = (
+        jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
+        jax.ShapeDtypeStruct((tk, w_gate_up.shape[-1]), x2d.dtype),
+    )
+    return jax.ffi.ffi_call("mok_moe_fwd_train", outs)(
+        x2d, topk_ids, topk_weights, w_gate_up, w_down
     )
 
 
-@jax.custom_vjp
-def _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+def _ffi_backward_saved(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h):
+    outs = (
+        jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
+        jax.ShapeDtypeStruct(topk_weights.shape, topk_weights.dtype),
+        jax.ShapeDtypeStruct(w_gate_up.shape, w_gate_up.dtype),
+        jax.ShapeDtypeStruct(w_down.shape, w_down.dtype),
+    )
+    return jax.ffi.ffi_call("mok_moe_bwd_saved", outs)(
+        dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save):
+    del save  # only the differentiated forward keeps h
     return _ffi_forward(x2d, topk_ids, topk_weights, w_gate_up, w_down)
 
 
-def _kernel_experts_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down):
-    y = _ffi_forward(x2d, topk_ids, topk_weights, w_gate_up, w_down)
-    return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down)
+def _kernel_experts_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, save):
+    if save:
+        y, h = _ffi_forward_train(x2d, topk_ids, topk_weights, w_gate_up, w_down)
+    else:
+        y, h = _ffi_forward(x2d, topk_ids, topk_weights, w_gate_up, w_down), None
+    return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
 
 
-def _kernel_experts_bwd(residuals, dy):
-    x2d, topk_ids, topk_weights, w_gate_up, w_down = residuals
-    dx, d_weights, d_gate_up, d_down = _ffi_backward(
-        dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down
-    )
+def _kernel_experts_bwd(save, residuals, dy):
+    x2d, topk_ids, topk_weights, w_gate_up, w_down, h = residuals
+    if h is None:
+        dx, d_weights, d_gate_up, d_down = _ffi_backward(
+            dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down
+        )
+    else:
+        dx, d_weights, d_gate_up, d_down = _ffi_backward_saved(
+            dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down, h
+        )
     return dx, None, d_weights, d_gate_up, d_down
 
 
+def _save_activations(implementation: str, save: bool | None) -> bool:
+    """The residual policy of a call: explicit, else recompute when
+    ``JAX_MOK_SAVE_ACTIVATIONS=0``, else saved where the computation runs on the CUDA kernels
+    (the saved targets exist only there)."""
+    if save is None and os.environ.get("JAX_MOK_SAVE_ACTIVATIONS") == "0":
+        save = False  # the process-wide switch for measuring the recompute policy
+    on_cuda = implementation == "cuda" or (
+        implementation == "ffi"
+        and jax.default_backend() == "gpu"
+        and _ffi.cuda_module() is not None
+    )
+    if save is None:
+        save = on_cuda
+    if save and not on_cuda:
+        raise ValueError(
+            f"jax_mok: save_activations=True needs the CUDA kernels (implementation="
+            f"{implementation!r}, default backend {jax.default_backend()!r}); the CPU backend "
+            "recomputes the gate/up GEMM in the backward (pass save_activations=False or None)"
+        )
+    return bool(save)
+
+
+@_ffi_forward_train.def_vmap
 @_ffi_backward.def_vmap
 def _ffi_backward_vmap(axis_size, in_batched, *args):
     # Per-example weight gradients would need one kernel call per example; say so instead of
@@ -85,14 +153,23 @@ def _ffi_backward_vmap(axis_size, in_batched, *args):
 _kernel_experts.defvjp(_kernel_experts_fwd, _kernel_experts_bwd)
 
 
-def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
-                   w_gate_up: jax.Array, w_down: jax.Array, *,
-                   implementation: str = "ffi") -> jax.Array:
+def routed_experts(
+    x2d: jax.Array,
+    topk_ids: jax.Array,
+    topk_weights: jax.Array,
+    w_gate_up: jax.Array,
+    w_down: jax.Array,
+    *,
+    implementation: str = "ffi",
+    save_activations: bool | None = None,
+) -> jax.Array:
     """Routed expert computation after routing: ``y [T, H]`` in x's dtype.
 
     ``implementation``: ``"reference"`` (pure JAX), ``"ffi"`` (the kernels registered for
     whatever platform the computation lands on), or ``"cpu"`` / ``"cuda"`` (the same targets, with
     a check that that backend is built).
+    ``save_activations``: keep the gate/up pre-activations for the backward (T*k*2F elements)
+    instead of recomputing them; None = saved on CUDA, recomputed on the CPU (module docstring).
     """
     if implementation == "reference":
         return reference.routed_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down)
@@ -104,4 +181,5 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
             f"jax_mok: implementation={implementation!r} but its extension _mok_{implementation} "
             "is not built (reinstall jax_mok; the CUDA one needs nvcc on PATH or JAX_MOK_CUDA=1)"
         )
-    return _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down)
+    save = _save_activations(implementation, save_activations)
+    return _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save)

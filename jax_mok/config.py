@@ -31,6 +31,10 @@ class MoEConfig:
       capacity_factor: ``None`` is dropless. Otherwise each expert keeps at most
         ``ceil(capacity_factor * T * k / E)`` assignments, earliest tokens first.
       activation: only ``"swiglu"`` today.
+      save_activations: training residuals of the kernels. ``True`` keeps the gate/up
+        pre-activations (``T * k * 2F`` elements per layer in x's dtype) so the backward skips
+        their recompute; ``False`` recomputes them (less memory, ~2/9 more GEMM FLOPs per
+        training step); ``None``: saved on CUDA, recomputed on the CPU.
     """
 
     num_experts: int
@@ -46,6 +50,7 @@ class MoEConfig:
     shared_ffn_size: int | None = None
     capacity_factor: float | None = None
     activation: str = "swiglu"
+    save_activations: bool | None = None
 
     def __post_init__(self):
         def positive_int(name):
@@ -110,6 +115,11 @@ class MoEConfig:
                     "MoEConfig.shared_ffn_size is set but num_shared_experts is 0; "
                     "set num_shared_experts >= 1 or leave shared_ffn_size=None"
                 )
+        if self.save_activations not in (None, True, False):
+            raise ValueError(
+                "MoEConfig.save_activations must be None, True or False, "
+                f"got {self.save_activations!r}"
+            )
         if self.capacity_factor is not None and not (
             isinstance(self.capacity_factor, int | float)
             and math.isfinite(self.capacity_factor)

@@ -495,6 +495,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
             w_gate_up.astype(dtype),
             w_down.astype(dtype),
             implementation=implementation,
+            save_activations=config.save_activations,
         )  # [EP * R, H]
         if peer_workspace is not None:  # rows go home; reduced there in rank order, float32
             y = peer.combine(out.reshape(ep, rows, H), jnp.where(sent, row, -1), peer_workspace)

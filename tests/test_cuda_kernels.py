@@ -188,15 +188,8 @@ def test_simt_oracle_matches_wgmma(monkeypatch):
 
 
 TMA_SWITCHES = [
-    "JAX_MOK_CUDA_TMA",  # weight tiles by TMA (the default)
-    # non-gathered activations by TMA too: experimental, tested only when switched on for the run
-    pytest.param(
-        "JAX_MOK_CUDA_TMA_A",
-        marks=pytest.mark.skipif(
-            os.environ.get("JAX_MOK_CUDA_TMA_A") != "1",
-            reason="experimental; run with JAX_MOK_CUDA_TMA_A=1 to test it",
-        ),
-    ),
+    "JAX_MOK_CUDA_TMA",  # weight tiles by TMA (default; =0: every operand by cp.async)
+    "JAX_MOK_CUDA_TMA_A",  # non-gathered activations by TMA too (default; =0: cp.async for A)
 ]
 
 
@@ -216,6 +209,38 @@ def test_tma_matches_cp_async(monkeypatch, kind, switch):
     tma = [np.asarray(a) for a in _routed("cuda")(*args)]
     for name, a, b in zip(NAMES, plain, tma, strict=True):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: {switch}=1 differs"
+
+
+def _routed_policy(save):
+    from jax_mok import autodiff
+
+    def f(x, ids, w, wgu, wd, dy):
+        fn = lambda x, w, wgu, wd: autodiff.routed_experts(
+            x, ids, w, wgu, wd, implementation="cuda", save_activations=save
+        )
+        y, vjp = jax.vjp(fn, x, w, wgu, wd)
+        return (y, *vjp(dy))
+
+    return jax.jit(f)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("kind", ["skewed", "dropped"])
+def test_saved_activations_match_recompute(kind, dtype):
+    """The saved pre-activations are the very values the backward's recompute produces (same
+    GEMM, same tiles, same rounding to x's dtype), so both residual policies give bitwise equal
+    outputs and gradients; the parity tests cover the saved (default) policy against the
+    reference."""
+    args = _problem(13, 700, 264, 200, 8, 3, jnp.dtype(dtype), kind)
+    saved = [np.asarray(a) for a in _routed_policy(True)(*args)]
+    recomputed = [np.asarray(a) for a in _routed_policy(False)(*args)]
+    for name, a, b in zip(NAMES, saved, recomputed, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: saved != recomputed"
+    ref = _reference(*args)
+    for name, got, want in zip(NAMES, saved, ref, strict=True):
+        err = _rel(got, want)
+        tol = 1e-4 if dtype == "float32" else 1e-2
+        assert err <= tol, f"{name}: rel error {err:.3e} > {tol}"
 
 
 def test_rejects_hidden_not_multiple_of_8():

@@ -223,3 +223,21 @@ def test_padded_oracle_matches_reference():
     for got, want in zip(jax.tree.leaves(padded), jax.tree.leaves(grads(reference.routed_experts)),
                          strict=True):
         assert testing.rel_error(got, want) <= 1e-5
+
+
+def test_save_activations_policy():
+    """Saved pre-activations need the CUDA targets: the CPU backend refuses them by name, the
+    default there is to recompute, and JAX_MOK_SAVE_ACTIVATIONS=0 turns the default off."""
+    assert autodiff._save_activations("cpu", None) is False
+    assert autodiff._save_activations("cuda", None) is True
+    assert autodiff._save_activations("cuda", False) is False
+    with pytest.raises(ValueError, match="save_activations=True needs the CUDA kernels"):
+        autodiff._save_activations("cpu", True)
+
+
+def test_save_activations_env_override(monkeypatch):
+    monkeypatch.setenv("JAX_MOK_SAVE_ACTIVATIONS", "0")
+    assert autodiff._save_activations("cuda", None) is False
+    assert autodiff._save_activations("cuda", True) is True  # explicit beats the switch
+    monkeypatch.setenv("JAX_MOK_SAVE_ACTIVATIONS", "1")  # only "0" changes the default
+    assert autodiff._save_activations("cpu", None) is False

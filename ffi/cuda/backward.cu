@@ -7,14 +7,15 @@ namespace mok::cuda {
 template <class T>
 ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
                     const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
-                    const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd) {
+                    const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd,
+                    const T* h_saved) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
   const bool wgmma = UseWgmma(pr.dtype);
   const int bn = wgmma ? kWgmmaBN : kSimtBN;
   const int g_tiles = CeilDiv(F, bn);
   struct Buffers {
     Routing r;
-    float* h;        // [P, 2F] recomputed gate/up pre-activations
+    const T* h;      // [P, 2F] gate/up pre-activations (saved by the forward, or recomputed)
     T* dh;           // [P, 2F]
     T* aw;           // [P, F]  w · a
     float* dx_part;  // [P, H]
@@ -22,7 +23,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   } b;
   auto layout = [&](Carve& c) {
     b.r = CarveRouting(c, pr, ids);
-    b.h = c.take<float>(TK * 2 * F);
+    b.h = h_saved ? h_saved : c.take<T>(TK * 2 * F);
     b.dh = c.take<T>(TK * 2 * F);
     b.aw = c.take<T>(TK * F);
     b.dx_part = c.take<float>(TK * H);
@@ -35,16 +36,19 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   Carve c{base};
   layout(c);
   const Routing& r = b.r;
+  ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
 
-  GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored f32)
-  g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
-  g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
-  g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
-  g1.out = b.h, g1.ldo = 2 * F;
-  MOK_RETURN_IF_ERROR(
-      Stage("gate/up GEMM (recompute)",
-            LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream), stream));
+  if (!h_saved) {
+    GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored in x's dtype)
+    g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
+    g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
+    g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
+    g1.out = const_cast<T*>(b.h), g1.ldo = 2 * F;
+    MOK_RETURN_IF_ERROR(
+        Stage("gate/up GEMM (recompute)",
+              LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream), stream));
+  }
 
   GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
   g2.N = F, g2.K = H, g2.n_tiles = g_tiles;
@@ -96,11 +100,12 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
 template ffi::Error Backward<bf16>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                                    const DeviceInfo& dev, const Problem& pr, const bf16* dy,
                                    const bf16* x, const int* ids, const float* w, const bf16* wgu,
-                                   const bf16* wd, bf16* dx, float* d_w, bf16* d_wgu, bf16* d_wd);
+                                   const bf16* wd, bf16* dx, float* d_w, bf16* d_wgu, bf16* d_wd,
+                                   const bf16* h_saved);
 template ffi::Error Backward<float>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                                     const DeviceInfo& dev, const Problem& pr, const float* dy,
                                     const float* x, const int* ids, const float* w,
                                     const float* wgu, const float* wd, float* dx, float* d_w,
-                                    float* d_wgu, float* d_wd);
+                                    float* d_wgu, float* d_wd, const float* h_saved);
 
 }  // namespace mok::cuda

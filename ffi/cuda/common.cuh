@@ -46,6 +46,18 @@ __device__ __forceinline__ void store2<bf16>(bf16* dst, float v0, float v1) {
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
 }
 
+// Two adjacent elements as floats (the pair store2 wrote).
+template <class T>
+__device__ __forceinline__ float2 load2(const T* src);
+template <>
+__device__ __forceinline__ float2 load2<float>(const float* src) {
+  return *reinterpret_cast<const float2*>(src);
+}
+template <>
+__device__ __forceinline__ float2 load2<bf16>(const bf16* src) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
+}
+
 __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(-v)); }
 
 // ------------------------------------------------------------------ accumulator fragments

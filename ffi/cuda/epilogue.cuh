@@ -13,8 +13,9 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
   constexpr int kValues = BN / 2;
   const int row_base = 64 * wg;
 
-  if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kStoreGLU) {
+  if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUSave) {
     // Gate value i pairs with up value i + BN/4 (column + BN/2), held by the same thread.
+    // h rows are [gate | up], 2F wide, in x's dtype (what the backward's SwiGLU reads).
     constexpr int kUp = BN / 4;
     const int F = p.N;
 #pragma unroll
@@ -24,17 +25,18 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       if (r >= w.rows || f >= F) continue;
       const int64_t pos = w.row0 + r;
       const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
-      if constexpr (kEpi == Epi::kSwiGLU) {
+      if constexpr (kEpi != Epi::kStoreGLU)
         store2(static_cast<T*>(p.out) + pos * p.ldo + f, g0 * sigmoidf(g0) * u0,
                g1 * sigmoidf(g1) * u1);
-      } else {
-        float* h = static_cast<float*>(p.out) + pos * p.ldo;
+      if constexpr (kEpi != Epi::kSwiGLU) {
+        T* h = static_cast<T*>(kEpi == Epi::kStoreGLU ? p.out : p.out2) + pos * 2 * F;
         store2(h + f, g0, g1);
         store2(h + F + f, u0, u1);
       }
     }
   } else if constexpr (kEpi == Epi::kSwiGLUBwd) {
-    // acc = g = dy_t @ Wd^T for columns f of F. With h = [h_gate | h_up] recomputed:
+    // acc = g = dy_t @ Wd^T for columns f of F. With h = [h_gate | h_up] (recomputed or saved
+    // by the forward, x's dtype):
     //   a = silu(hg) hu,  d_w += <g, a>,  d_a = w g,  dh_gate = d_a hu silu'(hg),  dh_up = d_a
     //   silu(hg)
     const int F = p.N;
@@ -46,8 +48,9 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       if (r >= w.rows || f >= F) continue;
       const int64_t pos = w.row0 + r;
       const float wt = p.topk_weights[p.sorted_slot[pos]];
-      const float2 hg = *reinterpret_cast<const float2*>(p.h + pos * 2 * F + f);
-      const float2 hu = *reinterpret_cast<const float2*>(p.h + pos * 2 * F + F + f);
+      const T* h = static_cast<const T*>(p.h) + pos * 2 * F;
+      const float2 hg = load2(h + f);
+      const float2 hu = load2(h + F + f);
       float dg[2], du[2], aw[2];
       const float gv[2] = {acc(i), acc(i + 1)};
       const float hgv[2] = {hg.x, hg.y}, huv[2] = {hu.x, hu.y};

@@ -7,7 +7,7 @@ namespace mok::cuda {
 template <class T>
 ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
-                   const T* wd, T* y) {
+                   const T* wd, T* y, T* h_save) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
   auto layout = [&](Carve& c, Routing* r, T** act, float** y_part) {
     *r = CarveRouting(c, pr, ids);
@@ -26,16 +26,23 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
 
   const bool wgmma = UseWgmma(pr.dtype);
   const int bn = wgmma ? kWgmmaBN : kSimtBN;
+  ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
 
   GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
   g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
   g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
-  g1.out = act, g1.ldo = F;
-  MOK_RETURN_IF_ERROR(
-      Stage("gate/up GEMM + SwiGLU",
-            LaunchGemm<T, Mode::kRoutedBN, Epi::kSwiGLU>(g1, wgmma, dev.sms, stream), stream));
+  g1.out = act, g1.ldo = F, g1.out2 = h_save;
+  if (h_save) {  // training: keep h for the backward (saves its recompute GEMM)
+    MOK_RETURN_IF_ERROR(Stage(
+        "gate/up GEMM + SwiGLU (h saved)",
+        LaunchGemm<T, Mode::kRoutedBN, Epi::kSwiGLUSave>(g1, wgmma, dev.sms, stream), stream));
+  } else {
+    MOK_RETURN_IF_ERROR(
+        Stage("gate/up GEMM + SwiGLU",
+              LaunchGemm<T, Mode::kRoutedBN, Epi::kSwiGLU>(g1, wgmma, dev.sms, stream), stream));
+  }
 
   GemmParams g2 = RoutedParams(r, w);  // y_part = w · (a @ Wd[e])
   g2.N = H, g2.K = F, g2.n_tiles = CeilDiv(H, bn);
@@ -57,10 +64,10 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
 template ffi::Error Forward<bf16>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                                   const DeviceInfo& dev, const Problem& pr, const bf16* x,
                                   const int* ids, const float* w, const bf16* wgu, const bf16* wd,
-                                  bf16* y);
+                                  bf16* y, bf16* h_save);
 template ffi::Error Forward<float>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                                    const DeviceInfo& dev, const Problem& pr, const float* x,
                                    const int* ids, const float* w, const float* wgu,
-                                   const float* wd, float* y);
+                                   const float* wd, float* y, float* h_save);
 
 }  // namespace mok::cuda

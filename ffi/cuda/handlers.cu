@@ -72,18 +72,26 @@ ffi::Error DispatchDtype(ffi::DataType dtype, Fn&& fn) {
   return fn(float{});
 }
 
-ffi::Error MoeFwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
-                  ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
-                  ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> y) {
+// h (training only): [T*k, 2F] in x's dtype, written by the forward, read by the backward.
+ffi::Error CheckSaved(const Problem& pr, const ffi::AnyBuffer& h) {
+  return CheckSameShape("h (saved pre-activations)", h, pr.assignments(), 2 * pr.ffn, pr.dtype);
+}
+
+ffi::Error ForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int32_t device,
+                       const ffi::AnyBuffer& x, const ffi::AnyBuffer& ids, const ffi::AnyBuffer& w,
+                       const ffi::AnyBuffer& wgu, const ffi::AnyBuffer& wd, ffi::AnyBuffer& y,
+                       ffi::AnyBuffer* h) {
   Problem pr;
   MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
   MOK_RETURN_IF_ERROR(CheckCommon(pr));
-  MOK_RETURN_IF_ERROR(CheckSameShape("y", *y, pr.tokens, pr.hidden, pr.dtype));
+  MOK_RETURN_IF_ERROR(CheckSameShape("y", y, pr.tokens, pr.hidden, pr.dtype));
+  if (h) MOK_RETURN_IF_ERROR(CheckSaved(pr, *h));
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
   if (DebugSync())
-    std::fprintf(stderr, "jax_mok CUDA: fwd T=%ld H=%ld F=%ld E=%ld k=%ld\n", (long)pr.tokens,
-                 (long)pr.hidden, (long)pr.ffn, (long)pr.experts, (long)pr.top_k);
+    std::fprintf(stderr, "jax_mok CUDA: fwd T=%ld H=%ld F=%ld E=%ld k=%ld%s\n", (long)pr.tokens,
+                 (long)pr.hidden, (long)pr.ffn, (long)pr.experts, (long)pr.top_k,
+                 h ? " (h saved)" : "");
   if (pr.tokens == 0) return ffi::Error::Success();
   const int* id = static_cast<const int*>(ids.untyped_data());
   const float* wt = static_cast<const float*>(w.untyped_data());
@@ -91,7 +99,60 @@ ffi::Error MoeFwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
     using T = decltype(tag);
     return Forward<T>(stream, scratch, dev, pr, static_cast<const T*>(x.untyped_data()), id, wt,
                       static_cast<const T*>(wgu.untyped_data()),
-                      static_cast<const T*>(wd.untyped_data()), static_cast<T*>(y->untyped_data()));
+                      static_cast<const T*>(wd.untyped_data()), static_cast<T*>(y.untyped_data()),
+                      h ? static_cast<T*>(h->untyped_data()) : nullptr);
+  });
+}
+
+ffi::Error MoeFwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                  ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
+                  ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> y) {
+  return ForwardCall(stream, scratch, device, x, ids, w, wgu, wd, *y, nullptr);
+}
+
+ffi::Error MoeFwdTrain(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                       ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
+                       ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> y,
+                       ffi::Result<ffi::AnyBuffer> h) {
+  return ForwardCall(stream, scratch, device, x, ids, w, wgu, wd, *y, &*h);
+}
+
+ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int32_t device,
+                        const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                        const ffi::AnyBuffer& ids, const ffi::AnyBuffer& w,
+                        const ffi::AnyBuffer& wgu, const ffi::AnyBuffer& wd,
+                        const ffi::AnyBuffer* h, ffi::AnyBuffer& dx, ffi::AnyBuffer& d_w,
+                        ffi::AnyBuffer& d_wgu, ffi::AnyBuffer& d_wd) {
+  Problem pr;
+  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
+  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  MOK_RETURN_IF_ERROR(CheckSameShape("dy", dy, pr.tokens, pr.hidden, pr.dtype));
+  MOK_RETURN_IF_ERROR(CheckSameShape("dx", dx, pr.tokens, pr.hidden, pr.dtype));
+  MOK_RETURN_IF_ERROR(
+      CheckSameShape("d_topk_weights", d_w, pr.tokens, pr.top_k, ffi::DataType::F32));
+  MOK_CUDA_CHECK(d_wgu.element_count() == wgu.element_count() && d_wgu.element_type() == pr.dtype,
+                 "d_w_gate_up must match w_gate_up");
+  MOK_CUDA_CHECK(d_wd.element_count() == wd.element_count() && d_wd.element_type() == pr.dtype,
+                 "d_w_down must match w_down");
+  if (h) MOK_RETURN_IF_ERROR(CheckSaved(pr, *h));
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
+  if (pr.tokens == 0) {
+    MOK_CUDA_RETURN(cudaMemsetAsync(d_wgu.untyped_data(), 0, d_wgu.size_bytes(), stream));
+    MOK_CUDA_RETURN(cudaMemsetAsync(d_wd.untyped_data(), 0, d_wd.size_bytes(), stream));
+    return ffi::Error::Success();
+  }
+  const int* id = static_cast<const int*>(ids.untyped_data());
+  const float* wt = static_cast<const float*>(w.untyped_data());
+  float* dw = static_cast<float*>(d_w.untyped_data());
+  return DispatchDtype(pr.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return Backward<T>(
+        stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
+        static_cast<const T*>(x.untyped_data()), id, wt, static_cast<const T*>(wgu.untyped_data()),
+        static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx.untyped_data()), dw,
+        static_cast<T*>(d_wgu.untyped_data()), static_cast<T*>(d_wd.untyped_data()),
+        h ? static_cast<const T*>(h->untyped_data()) : nullptr);
   });
 }
 
@@ -100,35 +161,17 @@ ffi::Error MoeBwd(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t de
                   ffi::AnyBuffer wgu, ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> dx,
                   ffi::Result<ffi::AnyBuffer> d_w, ffi::Result<ffi::AnyBuffer> d_wgu,
                   ffi::Result<ffi::AnyBuffer> d_wd) {
-  Problem pr;
-  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
-  MOK_RETURN_IF_ERROR(CheckCommon(pr));
-  MOK_RETURN_IF_ERROR(CheckSameShape("dy", dy, pr.tokens, pr.hidden, pr.dtype));
-  MOK_RETURN_IF_ERROR(CheckSameShape("dx", *dx, pr.tokens, pr.hidden, pr.dtype));
-  MOK_RETURN_IF_ERROR(
-      CheckSameShape("d_topk_weights", *d_w, pr.tokens, pr.top_k, ffi::DataType::F32));
-  MOK_CUDA_CHECK(d_wgu->element_count() == wgu.element_count() && d_wgu->element_type() == pr.dtype,
-                 "d_w_gate_up must match w_gate_up");
-  MOK_CUDA_CHECK(d_wd->element_count() == wd.element_count() && d_wd->element_type() == pr.dtype,
-                 "d_w_down must match w_down");
-  DeviceInfo dev;
-  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
-  if (pr.tokens == 0) {
-    MOK_CUDA_RETURN(cudaMemsetAsync(d_wgu->untyped_data(), 0, d_wgu->size_bytes(), stream));
-    MOK_CUDA_RETURN(cudaMemsetAsync(d_wd->untyped_data(), 0, d_wd->size_bytes(), stream));
-    return ffi::Error::Success();
-  }
-  const int* id = static_cast<const int*>(ids.untyped_data());
-  const float* wt = static_cast<const float*>(w.untyped_data());
-  float* dw = static_cast<float*>(d_w->untyped_data());
-  return DispatchDtype(pr.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    return Backward<T>(
-        stream, scratch, dev, pr, static_cast<const T*>(dy.untyped_data()),
-        static_cast<const T*>(x.untyped_data()), id, wt, static_cast<const T*>(wgu.untyped_data()),
-        static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx->untyped_data()), dw,
-        static_cast<T*>(d_wgu->untyped_data()), static_cast<T*>(d_wd->untyped_data()));
-  });
+  return BackwardCall(stream, scratch, device, dy, x, ids, w, wgu, wd, nullptr, *dx, *d_w, *d_wgu,
+                      *d_wd);
+}
+
+ffi::Error MoeBwdSaved(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                       ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w,
+                       ffi::AnyBuffer wgu, ffi::AnyBuffer wd, ffi::AnyBuffer h,
+                       ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> d_w,
+                       ffi::Result<ffi::AnyBuffer> d_wgu, ffi::Result<ffi::AnyBuffer> d_wd) {
+  return BackwardCall(stream, scratch, device, dy, x, ids, w, wgu, wd, &h, *dx, *d_w, *d_wgu,
+                      *d_wd);
 }
 
 }  // namespace
@@ -166,3 +209,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCuda, mok::cuda::MoeFwd,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCuda, mok::cuda::MoeBwd,
                               mok::BindBackwardOperands(CudaContext()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainCuda, mok::cuda::MoeFwdTrain,
+                              mok::BindForwardTrainOperands(CudaContext()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedCuda, mok::cuda::MoeBwdSaved,
+                              mok::BindBackwardSavedOperands(CudaContext()));

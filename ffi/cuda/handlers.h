@@ -7,6 +7,8 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MokMoeFwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MokMoeBwdCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MokMoeFwdTrainCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MokMoeBwdSavedCuda);
 
 namespace mok::cuda {
 // What this build contains, for `_mok_cuda.device_info()`.

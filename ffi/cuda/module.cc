@@ -23,6 +23,8 @@ NB_MODULE(_mok_cuda, m) {
     nb::dict d;
     d["mok_moe_fwd"] = Capsule(MokMoeFwdCuda);
     d["mok_moe_bwd"] = Capsule(MokMoeBwdCuda);
+    d["mok_moe_fwd_train"] = Capsule(MokMoeFwdTrainCuda);
+    d["mok_moe_bwd_saved"] = Capsule(MokMoeBwdSavedCuda);
     // Peer transport (docs/peer-transport.md): compile-checked, not yet run on a GPU.
     d["mok_ep_dispatch"] = Capsule(MokEpDispatchCuda);
     d["mok_ep_combine"] = Capsule(MokEpCombineCuda);

@@ -21,7 +21,8 @@ enum class Mode { kRoutedBN, kRoutedBK, kRoutedK };
 enum class Epi {
   kSwiGLU,     // a[p, f] = silu(h_gate) * h_up                       (x.dtype)
   kWeighted,   // y_part[p, n] = w[p] * acc                              (f32)
-  kStoreGLU,   // h[p, f] = gate, h[p, F + f] = up                       (f32)
+  kStoreGLU,   // h[p, f] = gate, h[p, F + f] = up                       (x.dtype)
+  kSwiGLUSave, // kSwiGLU into `out`, and kStoreGLU's h into `out2`       (x.dtype)
   kSwiGLUBwd,  // from g = dy @ Wd^T and h: dh, w*a, partial d_w         (x.dtype, f32)
   kStoreF32,   // out[p, n] = acc                                        (f32)
   kStoreCast,  // dW_e[m, n] = acc                                       (weight dtype)
@@ -51,8 +52,8 @@ struct GemmParams {
   const int* b_gather;  // routed-K only
   // epilogue
   void* out;                  // primary output
-  void* out2;                 // secondary output (kSwiGLUBwd: w*a)
-  const float* h;             // kSwiGLUBwd: [P, 2F] recomputed pre-activations
+  void* out2;                 // secondary output (kSwiGLUBwd: w*a; kSwiGLUSave: h)
+  const void* h;              // kSwiGLUBwd: [P, 2F] gate/up pre-activations (x.dtype)
   const float* topk_weights;  // [T*k]
   float* dw_part;             // kSwiGLUBwd: [P, n_tiles]
   int64_t ldo;                // leading dimension of `out`

@@ -53,10 +53,47 @@ inline bool DebugSync() {
   return on;
 }
 
+// JAX_MOK_CUDA_PROFILE=1: per-phase device time (CUDA events, one host sync per phase) printed
+// to stderr as "jax_mok CUDA profile: <phase> <ms>" (measurement only: it serializes the call).
+inline bool ProfilePhases() {
+  static const bool on = [] {
+    const char* env = std::getenv("JAX_MOK_CUDA_PROFILE");
+    return env && env[0] == '1';
+  }();
+  return on;
+}
+
+inline cudaEvent_t& ProfileMark() {
+  static thread_local cudaEvent_t mark = nullptr;
+  return mark;
+}
+
+// Starts the clock of a call's first phase (a no-op unless JAX_MOK_CUDA_PROFILE=1).
+inline void ProfileStart(cudaStream_t stream) {
+  if (!ProfilePhases()) return;
+  cudaEvent_t& mark = ProfileMark();
+  if (!mark && cudaEventCreate(&mark) != cudaSuccess) return;
+  cudaEventRecord(mark, stream);
+}
+
+inline void ProfileLap(const char* name, cudaStream_t stream) {
+  cudaEvent_t& mark = ProfileMark();
+  if (!ProfilePhases() || !mark) return;
+  cudaEvent_t now;
+  if (cudaEventCreate(&now) != cudaSuccess) return;
+  cudaEventRecord(now, stream);
+  float ms = -1.f;
+  if (cudaEventSynchronize(now) == cudaSuccess) cudaEventElapsedTime(&ms, mark, now);
+  std::fprintf(stderr, "jax_mok CUDA profile: %-34s %9.3f ms\n", name, ms);
+  cudaEventDestroy(mark);
+  mark = now;
+}
+
 inline ffi::Error Stage(const char* name, cudaError_t launched, cudaStream_t stream) {
   if (launched != cudaSuccess)
     return ffi::Error::Internal(
         Msg("jax_mok CUDA: launching ", name, " failed: ", cudaGetErrorString(launched)));
+  ProfileLap(name, stream);
   if (DebugSync()) {
     std::fprintf(stderr, "jax_mok CUDA: %s ...", name);
     const cudaError_t err = cudaStreamSynchronize(stream);
