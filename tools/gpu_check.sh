@@ -6,7 +6,7 @@
 #   hardware counters of the forward GEMMs of S3 and S2; final: build, GPU tests and the harness
 #   only, for a short device budget; bench: build, smoke and the harness, e.g. as a second call on a
 #   machine still warm from a "kernels" call). Outputs land in $OUT. Env: TEST_TIMEOUT (300),
-#   TIMING_TIMEOUT (240), TIMING_TMA_A=1 (also time JAX_MOK_CUDA_TMA_A=1), NCU=1 (add the ncu
+#   TIMING_TIMEOUT (240), PROFILE=0 (skip the per-phase times), NCU=1 (add the ncu
 #   counters of NCU_SHAPES, default "S3 S2"), BENCH_ARGS, BENCH_TIMEOUT (400).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
 set -uo pipefail
@@ -114,6 +114,8 @@ fi
 
 step "kernel timings"
 timeout ${TIMING_TIMEOUT:-240} python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/timings.txt"
+# fwd: y; fwd+bwd: y and every gradient (returning y keeps XLA from dropping the forward call),
+# with the gate/up pre-activations saved (default on CUDA) and recomputed (save_activations=False).
 import sys, time, json, numpy as np, jax, jax.numpy as jnp
 from jax_mok import autodiff
 mode = sys.argv[1]
@@ -135,10 +137,8 @@ k1, k2 = jax.random.split(jax.random.key(0))
 A = jax.random.normal(k1, (8192, 8192), jnp.bfloat16); B = jax.random.normal(k2, (8192, 8192), jnp.bfloat16)
 mm = jax.jit(lambda a, b: a @ b)
 ceil = 2 * 8192**3 / bench(mm, A, B) / 1e12
+del A, B
 print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
-import os
-print("weight tiles by", "cp.async" if os.environ.get("JAX_MOK_CUDA_TMA") == "0" else "TMA",
-      "(JAX_MOK_CUDA_TMA=0 selects cp.async)")
 rows = []
 for name, (T, H, F, E, k) in SHAPES.items():
     ks = jax.random.split(jax.random.key(1), 6)
@@ -151,43 +151,57 @@ for name, (T, H, F, E, k) in SHAPES.items():
     w, ids = jax.lax.top_k(jax.nn.softmax(logits), k)
     dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
     fwd = jax.jit(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"))
-    def fb(x, w, a, b):
-        y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"), x, w, a, b)
-        return vjp(dy)
-    fb = jax.jit(fb)
+    def make_fb(save):
+        def fb(x, w, a, b):
+            y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(
+                x, ids, w, a, b, implementation="cuda", save_activations=save), x, w, a, b)
+            return y, vjp(dy)
+        return jax.jit(fb)
     flops = 6 * T * k * H * F
     tf = bench(fwd, x, w, wgu, wd, n=10)
-    if os.environ.get("TIMING_TMA_A") == "1":  # the experimental TMA A-operand path, same inputs
-        os.environ["JAX_MOK_CUDA_TMA_A"] = "1"
+    tb = {}
+    for save in (True, False):
         try:
-            ta = bench(fwd, x, w, wgu, wd, n=10)
-            ya, yb = fwd(x, w, wgu, wd), None
-            os.environ["JAX_MOK_CUDA_TMA_A"] = "0"
-            yb = fwd(x, w, wgu, wd)
-            same = bool(jnp.array_equal(ya, yb))
-            print(f"{name}: fwd TMA_A=1 {ta*1e3:.3f} ms {flops/ta/1e12:.0f} TFLOP/s "
-                  f"(TMA_A=0 {tf*1e3:.3f} ms), outputs bitwise equal: {same}", flush=True)
-        except Exception as e:
-            print(f"{name}: TMA_A=1 failed: {str(e)[:300]}", flush=True)
-        os.environ["JAX_MOK_CUDA_TMA_A"] = "0"
-    try:
-        tb = bench(fb, x, w, wgu, wd, n=5)
-    except Exception as e:  # e.g. out of memory for the weight gradients
-        print(f"{name}: fwd+bwd failed: {str(e)[:200]}")
-        tb = float("nan")
-    rows.append((name, tf * 1e3, flops / tf / 1e12, tb * 1e3, 3 * flops / tb / 1e12))
-    print(f"{name}: fwd {tf*1e3:.3f} ms {flops/tf/1e12:.0f} TFLOP/s | fwd+bwd {tb*1e3:.3f} ms {3*flops/tb/1e12:.0f} TFLOP/s", flush=True)
-    del x, wgu, wd, dy, fwd, fb
-print("\n| shape | fwd ms | fwd TFLOP/s | % ceil | fwd+bwd ms | fwd+bwd TFLOP/s | % ceil |")
-print("|---|---|---|---|---|---|---|")
-for n, a, b, c, d in rows:
-    print(f"| {n} | {a:.3f} | {b:.0f} | {100*b/ceil:.0f} | {c:.3f} | {d:.0f} | {100*d/ceil:.0f} |")
+            tb[save] = bench(make_fb(save), x, w, wgu, wd, n=5)
+        except Exception as e:  # e.g. out of memory for the weight gradients
+            print(f"{name}: fwd+bwd (save={save}) failed: {str(e)[:200]}")
+            tb[save] = float("nan")
+    rows.append((name, tf * 1e3, flops / tf / 1e12, tb[True] * 1e3, 3 * flops / tb[True] / 1e12,
+                 tb[False] * 1e3, 3 * flops / tb[False] / 1e12))
+    print(f"{name}: fwd {tf*1e3:.3f} ms {flops/tf/1e12:.0f} TFLOP/s | fwd+bwd saved {tb[True]*1e3:.3f} ms "
+          f"{3*flops/tb[True]/1e12:.0f} | recomputed {tb[False]*1e3:.3f} ms {3*flops/tb[False]/1e12:.0f}",
+          flush=True)
+    del x, wgu, wd, dy, fwd
+print("\n| shape | fwd ms | fwd TFLOP/s | % ceil | fwd+bwd ms (saved h) | TFLOP/s | % ceil | fwd+bwd ms (recompute) | TFLOP/s |")
+print("|---|---|---|---|---|---|---|---|---|")
+for n, a, b, c, d, e, f in rows:
+    print(f"| {n} | {a:.3f} | {b:.0f} | {100*b/ceil:.0f} | {c:.3f} | {d:.0f} | {100*d/ceil:.0f} | {e:.3f} | {f:.0f} |")
 PY
 
-if [ -f benchmarks/run.py ] && [ "$MODE" = full ]; then
-  step "benchmark harness"
-  BENCH_ARGS=${BENCH_ARGS:-}
-  timeout 900 python3 -m benchmarks.run --out "$OUT/bench" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -40
+if [ "${PROFILE:-1}" = 1 ]; then
+  step "per-phase device times (JAX_MOK_CUDA_PROFILE=1, one fwd+bwd per shape, saved h)"
+  JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/profile.txt"
+import sys, jax, jax.numpy as jnp
+from jax_mok import autodiff
+SHAPES = {"S1": (32768, 2048, 768, 128, 8), "S2": (8192, 7168, 2048, 256, 8),
+          "S3": (16384, 4096, 14336, 8, 2), "S4": (7168, 7168, 3072, 384, 6),
+          "S5": (128, 7168, 2048, 256, 8), "S6": (8192, 2048, 2048, 32, 2)}
+for name, (T, H, F, E, k) in SHAPES.items():
+    ks = jax.random.split(jax.random.key(1), 6)
+    x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
+    wgu = jnp.tile((jax.random.normal(ks[1], (8, H, 2 * F)) / H**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
+    wd = jnp.tile((jax.random.normal(ks[2], (8, F, H)) / F**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
+    w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
+    dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
+    def fb(x, w, a, b):
+        y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"), x, w, a, b)
+        return y, vjp(dy)
+    fb = jax.jit(fb)
+    jax.block_until_ready(fb(x, w, wgu, wd))  # compile + first call
+    print(f"--- {name} T={T} H={H} F={F} E={E} k={k} (second call below)", file=sys.stderr, flush=True)
+    jax.block_until_ready(fb(x, w, wgu, wd))
+    del x, wgu, wd, dy, fb
+PY
 fi
 
 [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null && run_ncu
