@@ -18,7 +18,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
     const T* h;      // [P, 2F] gate/up pre-activations (saved by the forward, or recomputed)
     T* dh;           // [P, 2F]
     T* aw;           // [P, F]  w · a
-    float* dx_part;  // [P, H]
+    T* dx_part;      // [P, H]
     float* dw_part;  // [P, g_tiles]
   } b;
   auto layout = [&](Carve& c) {
@@ -26,7 +26,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
     b.h = h_saved ? h_saved : c.take<T>(TK * 2 * F);
     b.dh = c.take<T>(TK * 2 * F);
     b.aw = c.take<T>(TK * F);
-    b.dx_part = c.take<float>(TK * H);
+    b.dx_part = c.take<T>(TK * H);
     b.dw_part = c.take<float>(TK * g_tiles);
   };
   Carve probe;
@@ -66,7 +66,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   g3.out = b.dx_part, g3.ldo = H;
   MOK_RETURN_IF_ERROR(
       Stage("dh Wgu^T GEMM",
-            LaunchGemm<T, Mode::kRoutedBK, Epi::kStoreF32>(g3, wgmma, dev.sms, stream), stream));
+            LaunchGemm<T, Mode::kRoutedBK, Epi::kStoreRows>(g3, wgmma, dev.sms, stream), stream));
 
   MOK_RETURN_IF_ERROR(
       Stage("combine dx",

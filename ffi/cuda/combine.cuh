@@ -1,16 +1,30 @@
 // Phase "combine": per-token sums over the k assignments in the order j = 0..k-1, in float32,
-// cast once — bitwise deterministic by construction (no atomics).
+// cast once — bitwise deterministic by construction (no atomics). The per-assignment rows come in
+// x's dtype (the GEMM epilogue rounds each once, as a PyTorch grouped_mm + index_add_ does).
 #pragma once
 
 #include "cuda/common.cuh"
 
 namespace mok::cuda {
 
-// out[t, :] = Σ_j parts[assign_pos[t, j], :]   parts: [P, H] f32, out: [T, H] T
 template <class T>
-__global__ void combine_rows_kernel(const float* __restrict__ parts,
-                                    const int* __restrict__ assign_pos, T* __restrict__ out,
-                                    int tokens, int top_k, int hidden) {
+__device__ __forceinline__ float4 load4(const T* src);
+template <>
+__device__ __forceinline__ float4 load4<float>(const float* src) {
+  return *reinterpret_cast<const float4*>(src);
+}
+template <>
+__device__ __forceinline__ float4 load4<bf16>(const bf16* src) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// out[t, :] = Σ_j parts[assign_pos[t, j], :]   parts: [P, H] T, out: [T, H] T
+template <class T>
+__global__ void combine_rows_kernel(const T* __restrict__ parts, const int* __restrict__ assign_pos,
+                                    T* __restrict__ out, int tokens, int top_k, int hidden) {
   const int quads = hidden / 4;
   for (int token = blockIdx.x; token < tokens; token += gridDim.x) {
     for (int q = threadIdx.x; q < quads; q += blockDim.x) {
@@ -18,7 +32,7 @@ __global__ void combine_rows_kernel(const float* __restrict__ parts,
       for (int j = 0; j < top_k; ++j) {
         const int pos = assign_pos[token * top_k + j];
         if (pos < 0) continue;
-        const float4 v = reinterpret_cast<const float4*>(parts + (int64_t)pos * hidden)[q];
+        const float4 v = load4(parts + (int64_t)pos * hidden + 4 * q);
         sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
       }
       T* dst = out + (int64_t)token * hidden + 4 * q;
@@ -42,7 +56,7 @@ static __global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
 }
 
 template <class T>
-cudaError_t launch_combine(const float* parts, const int* assign_pos, T* out, int tokens, int top_k,
+cudaError_t launch_combine(const T* parts, const int* assign_pos, T* out, int tokens, int top_k,
                            int hidden, int num_sms, cudaStream_t stream) {
   const int blocks = tokens < num_sms * 8 ? tokens : num_sms * 8;
   combine_rows_kernel<T><<<blocks, 256, 0, stream>>>(parts, assign_pos, out, tokens, top_k, hidden);

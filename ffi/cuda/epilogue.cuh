@@ -88,9 +88,9 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       const int64_t row = w.row0 + r;
       if constexpr (kEpi == Epi::kWeighted) {
         const float wt = p.topk_weights[p.sorted_slot[row]];
-        store2(static_cast<float*>(p.out) + row * p.ldo + n, wt * acc(i), wt * acc(i + 1));
-      } else if constexpr (kEpi == Epi::kStoreF32) {
-        store2(static_cast<float*>(p.out) + row * p.ldo + n, acc(i), acc(i + 1));
+        store2(static_cast<T*>(p.out) + row * p.ldo + n, wt * acc(i), wt * acc(i + 1));
+      } else if constexpr (kEpi == Epi::kStoreRows) {
+        store2(static_cast<T*>(p.out) + row * p.ldo + n, acc(i), acc(i + 1));
       } else {  // kStoreCast: dW_e[m, n], M × N per expert
         T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(w.expert) * p.M + row) * p.ldo;
         store2(out + n, acc(i), acc(i + 1));

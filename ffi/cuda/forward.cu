@@ -9,15 +9,15 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
                    const T* wd, T* y, T* h_save) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
-  auto layout = [&](Carve& c, Routing* r, T** act, float** y_part) {
+  auto layout = [&](Carve& c, Routing* r, T** act, T** y_part) {
     *r = CarveRouting(c, pr, ids);
-    *act = c.take<T>(TK * F);         // [P, F]
-    *y_part = c.take<float>(TK * H);  // [P, H]
+    *act = c.take<T>(TK * F);     // [P, F]
+    *y_part = c.take<T>(TK * H);  // [P, H] w · (a @ Wd[e]) per assignment
   };
   Carve probe;
   Routing r;
   T* act;
-  float* y_part;
+  T* y_part;
   layout(probe, &r, &act, &y_part);
   char* base;
   MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));

@@ -55,7 +55,7 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
       if (wgmma && UseTma()) {
         GemmParams with_map = p;
         if (MakeWeightTensorMap(with_map, kMode)) {
-          if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreF32) {
+          if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows) {
             if (UseTmaA() && MakeActivationTensorMap(with_map))
               return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
           }

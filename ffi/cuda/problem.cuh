@@ -20,11 +20,11 @@ enum class Mode { kRoutedBN, kRoutedBK, kRoutedK };
 
 enum class Epi {
   kSwiGLU,      // a[p, f] = silu(h_gate) * h_up                       (x.dtype)
-  kWeighted,    // y_part[p, n] = w[p] * acc                              (f32)
+  kWeighted,    // y_part[p, n] = w[p] * acc                              (x.dtype)
   kStoreGLU,    // h[p, f] = gate, h[p, F + f] = up                       (x.dtype)
   kSwiGLUSave,  // kSwiGLU into `out`, and kStoreGLU's h into `out2`       (x.dtype)
   kSwiGLUBwd,   // from g = dy @ Wd^T and h: dh, w*a, partial d_w         (x.dtype, f32)
-  kStoreF32,    // out[p, n] = acc                                        (f32)
+  kStoreRows,   // out[p, n] = acc                                        (x.dtype)
   kStoreCast,   // dW_e[m, n] = acc                                       (weight dtype)
 };
 
