@@ -5,7 +5,8 @@
 #   kernels: all shapes; full: + python -m benchmarks.run $BENCH_ARGS; ncu: build, smoke and
 #   hardware counters of the forward GEMMs of S3 and S2; final: build, GPU tests and the harness
 #   only, for a short device budget; bench: build, smoke and the harness, e.g. as a second call on a
-#   machine still warm from a "kernels" call). Outputs land in $OUT. Env: TEST_TIMEOUT (300),
+#   machine still warm from a "kernels" call; validate: build, smoke, GPU tests and the per-phase
+#   profile). Outputs land in $OUT. Env: TEST_TIMEOUT (300),
 #   TIMING_TIMEOUT (240), PROFILE=0 (skip the per-phase times), NCU=1 (add the ncu
 #   counters of NCU_SHAPES, default "S3 S2"), BENCH_ARGS, BENCH_TIMEOUT (400).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
@@ -93,12 +94,45 @@ if [ "$MODE" = ncu ]; then
   exit 0
 fi
 
+run_profile() {
+  step "per-phase device times (JAX_MOK_CUDA_PROFILE=1, one fwd+bwd per shape, saved h)"
+  JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/profile.txt"
+import sys, jax, jax.numpy as jnp
+from jax_mok import autodiff
+SHAPES = {"S1": (32768, 2048, 768, 128, 8), "S2": (8192, 7168, 2048, 256, 8),
+          "S3": (16384, 4096, 14336, 8, 2), "S4": (7168, 7168, 3072, 384, 6),
+          "S5": (128, 7168, 2048, 256, 8), "S6": (8192, 2048, 2048, 32, 2)}
+for name, (T, H, F, E, k) in SHAPES.items():
+    ks = jax.random.split(jax.random.key(1), 6)
+    x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
+    wgu = jnp.tile((jax.random.normal(ks[1], (8, H, 2 * F)) / H**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
+    wd = jnp.tile((jax.random.normal(ks[2], (8, F, H)) / F**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
+    w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
+    dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
+    def fb(x, w, a, b):
+        y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"), x, w, a, b)
+        return y, vjp(dy)
+    fb = jax.jit(fb)
+    jax.block_until_ready(fb(x, w, wgu, wd))  # compile + first call
+    print(f"--- {name} T={T} H={H} F={F} E={E} k={k} (second call below)", file=sys.stderr, flush=True)
+    jax.block_until_ready(fb(x, w, wgu, wd))
+    del x, wgu, wd, dy, fb
+PY
+}
+
 TEST_RC=0
 if [ "$MODE" != bench ]; then
   step "GPU tests"
   JAX_MOK_REQUIRE_CUDA=1 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/test_cuda_kernels.py 2>&1 | tee "$OUT/tests.log" | tail -25
   TEST_RC=${PIPESTATUS[0]}
+fi
+
+if [ "$MODE" = validate ]; then
+  run_profile
+  step "summary"
+  grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+  exit $TEST_RC
 fi
 
 if [ "$MODE" = final ] || [ "$MODE" = bench ]; then
@@ -178,31 +212,7 @@ for n, a, b, c, d, e, f in rows:
     print(f"| {n} | {a:.3f} | {b:.0f} | {100*b/ceil:.0f} | {c:.3f} | {d:.0f} | {100*d/ceil:.0f} | {e:.3f} | {f:.0f} |")
 PY
 
-if [ "${PROFILE:-1}" = 1 ]; then
-  step "per-phase device times (JAX_MOK_CUDA_PROFILE=1, one fwd+bwd per shape, saved h)"
-  JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/profile.txt"
-import sys, jax, jax.numpy as jnp
-from jax_mok import autodiff
-SHAPES = {"S1": (32768, 2048, 768, 128, 8), "S2": (8192, 7168, 2048, 256, 8),
-          "S3": (16384, 4096, 14336, 8, 2), "S4": (7168, 7168, 3072, 384, 6),
-          "S5": (128, 7168, 2048, 256, 8), "S6": (8192, 2048, 2048, 32, 2)}
-for name, (T, H, F, E, k) in SHAPES.items():
-    ks = jax.random.split(jax.random.key(1), 6)
-    x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
-    wgu = jnp.tile((jax.random.normal(ks[1], (8, H, 2 * F)) / H**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
-    wd = jnp.tile((jax.random.normal(ks[2], (8, F, H)) / F**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
-    w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
-    dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
-    def fb(x, w, a, b):
-        y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"), x, w, a, b)
-        return y, vjp(dy)
-    fb = jax.jit(fb)
-    jax.block_until_ready(fb(x, w, wgu, wd))  # compile + first call
-    print(f"--- {name} T={T} H={H} F={F} E={E} k={k} (second call below)", file=sys.stderr, flush=True)
-    jax.block_until_ready(fb(x, w, wgu, wd))
-    del x, wgu, wd, dy, fb
-PY
-fi
+[ "${PROFILE:-1}" = 1 ] && run_profile
 
 [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null && run_ncu
 

@@ -58,7 +58,7 @@ TEST_RC=0
 if [ "$MODE" != bench ]; then
 step "smoke: peer.dispatch / combine == all_to_all path (each check mode)"
 for check in sync deferred; do
-  JAX_MOK_PEER_CHECK=$check timeout 120 python3 - <<'PY' 2>&1 | tail -15
+  JAX_MOK_PEER_CHECK=$check timeout ${SMOKE_TIMEOUT:-120} python3 - <<'PY' 2>&1 | tail -15
 import os, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 from jax_mok import peer, sharding, workspace
