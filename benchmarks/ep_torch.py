@@ -918,6 +918,8 @@ def _free_port() -> int:
 
 
 def _git_commit() -> str | None:
+    if os.environ.get("JAX_MOK_GIT_COMMIT"):  # the device copy's .git may be stale (run.py)
+        return os.environ["JAX_MOK_GIT_COMMIT"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "HEAD"],

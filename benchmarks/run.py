@@ -251,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m benchmarks.run " + " ".join(
                 shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
             # a tree copied without .git (the GPU machine) can name its commit in the environment
-            "git_commit": _git("rev-parse", "HEAD") or os.environ.get("JAX_MOK_GIT_COMMIT"),
+            # JAX_MOK_GIT_COMMIT first: the device machine's copy of the tree carries the .git of
+            # the session's first commit, not of the tree it runs (tools/gpu_check.sh sets it).
+            "git_commit": os.environ.get("JAX_MOK_GIT_COMMIT") or _git("rev-parse", "HEAD"),
             "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "machine": orch.machine,
             "protocol": protocol,
