@@ -89,6 +89,30 @@ def _ffi_backward_saved(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h):
     )
 
 
+def _forward_keeping_h(x2d, topk_ids, topk_weights, w_gate_up, w_down, implementation):
+    """``(y, h)``. ``implementation="ffi"`` may land on any platform: the saving targets exist
+    for CUDA only, so elsewhere the plain forward runs and h is a zero placeholder (the backward
+    there recomputes, see ``_backward_with_h``)."""
+    args = (x2d, topk_ids, topk_weights, w_gate_up, w_down)
+    if implementation == "cuda":
+        return _ffi_forward_train(*args)
+
+    def elsewhere(*a):
+        tk = a[1].shape[0] * a[1].shape[1]
+        return _ffi_forward(*a), jnp.zeros((tk, a[3].shape[-1]), a[0].dtype)
+
+    return jax.lax.platform_dependent(*args, cuda=_ffi_forward_train, default=elsewhere)
+
+
+def _backward_with_h(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h, implementation):
+    args = (dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
+    if implementation == "cuda":
+        return _ffi_backward_saved(*args)
+    return jax.lax.platform_dependent(
+        *args, cuda=_ffi_backward_saved, default=lambda *a: _ffi_backward(*a[:-1])
+    )
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save):
     del save  # only the differentiated forward keeps h
@@ -96,8 +120,8 @@ def _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save):
 
 
 def _kernel_experts_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, save):
-    if save:
-        y, h = _ffi_forward_train(x2d, topk_ids, topk_weights, w_gate_up, w_down)
+    if save:  # save = the implementation name ("cuda" / "ffi") or None
+        y, h = _forward_keeping_h(x2d, topk_ids, topk_weights, w_gate_up, w_down, save)
     else:
         y, h = _ffi_forward(x2d, topk_ids, topk_weights, w_gate_up, w_down), None
     return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
@@ -110,30 +134,30 @@ def _kernel_experts_bwd(save, residuals, dy):
             dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down
         )
     else:
-        dx, d_weights, d_gate_up, d_down = _ffi_backward_saved(
-            dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down, h
+        dx, d_weights, d_gate_up, d_down = _backward_with_h(
+            dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down, h, save
         )
     return dx, None, d_weights, d_gate_up, d_down
 
 
 def _save_activations(implementation: str, save: bool | None) -> bool:
     """The residual policy of a call: explicit, else recompute when
-    ``JAX_MOK_SAVE_ACTIVATIONS=0``, else saved where the computation runs on the CUDA kernels
-    (the saved targets exist only there)."""
+    ``JAX_MOK_SAVE_ACTIVATIONS=0``, else saved where the kernels are CUDA's (the default
+    backend is a GPU and the CUDA extension is built). A computation that lands on the CPU with
+    saving on (``implementation="ffi"`` on a GPU machine, CPU devices) recomputes anyway."""
     if save is None and os.environ.get("JAX_MOK_SAVE_ACTIVATIONS") == "0":
         save = False  # the process-wide switch for measuring the recompute policy
-    on_cuda = implementation == "cuda" or (
-        implementation == "ffi"
-        and jax.default_backend() == "gpu"
-        and _ffi.cuda_module() is not None
-    )
-    if save is None:
-        save = on_cuda
-    if save and not on_cuda:
+    if save and implementation == "cpu":
         raise ValueError(
-            f"jax_mok: save_activations=True needs the CUDA kernels (implementation="
-            f"{implementation!r}, default backend {jax.default_backend()!r}); the CPU backend "
-            "recomputes the gate/up GEMM in the backward (pass save_activations=False or None)"
+            "jax_mok: save_activations=True needs the CUDA kernels, but implementation='cpu'; "
+            "the CPU backend recomputes the gate/up GEMM in the backward (pass "
+            "save_activations=False or None)"
+        )
+    if save is None:
+        save = implementation == "cuda" or (
+            implementation == "ffi"
+            and jax.default_backend() == "gpu"
+            and _ffi.cuda_module() is not None
         )
     return bool(save)
 
@@ -182,4 +206,6 @@ def routed_experts(
             "is not built (reinstall jax_mok; the CUDA one needs nvcc on PATH or JAX_MOK_CUDA=1)"
         )
     save = _save_activations(implementation, save_activations)
-    return _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save)
+    return _kernel_experts(
+        x2d, topk_ids, topk_weights, w_gate_up, w_down, implementation if save else None
+    )

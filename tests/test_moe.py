@@ -233,6 +233,31 @@ def test_save_activations_policy():
     assert autodiff._save_activations("cuda", False) is False
     with pytest.raises(ValueError, match="save_activations=True needs the CUDA kernels"):
         autodiff._save_activations("cpu", True)
+    assert autodiff._save_activations("ffi", True) is True  # platform-dependent at lowering
+
+
+def test_save_activations_ffi_on_cpu_recomputes():
+    """implementation="ffi" with saving on (a GPU machine's default) that lands on the CPU: the
+    plain CPU targets run (h is a placeholder, the backward recomputes) and the values and
+    gradients equal the recompute policy's."""
+    config = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=16, ffn_size=8)
+    x, params = _inputs(3, config, 24, F32)
+    from jax_mok.routing import route
+
+    routing, _ = route(x, params.router, params.router_bias, config)
+    args = (x, routing.topk_ids, routing.topk_weights, params.w_gate_up, params.w_down)
+
+    def loss(save):
+        def f(x, w, a, b):
+            y = autodiff.routed_experts(x, args[1], w, a, b, implementation="ffi",
+                                        save_activations=save)
+            return jnp.sum(y * y)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))
+
+    saved = jax.tree.leaves(loss(True)(x, *args[2:]))
+    recomputed = jax.tree.leaves(loss(False)(x, *args[2:]))
+    for a, b in zip(saved, recomputed, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_save_activations_env_override(monkeypatch):
