@@ -67,24 +67,11 @@ PY
 run_ncu() {
   # Hardware counters of the two forward GEMMs of S3 and S2 (balanced routing), one launch each.
   step "ncu"
-  cat > /tmp/ncu_case.py <<'PY'
-import sys, jax, jax.numpy as jnp
-from jax_mok import autodiff
-T, H, F, E, k = {"S3": (16384, 4096, 14336, 8, 2), "S2": (8192, 7168, 2048, 256, 8)}[sys.argv[1]]
-ks = jax.random.split(jax.random.key(1), 4)
-x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
-u = min(E, 8)
-wgu = jnp.tile((jax.random.normal(ks[1], (u, H, 2 * F)) / H**0.5).astype(jnp.bfloat16), (E // u, 1, 1))
-wd = jnp.tile((jax.random.normal(ks[2], (u, F, H)) / F**0.5).astype(jnp.bfloat16), (E // u, 1, 1))
-w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
-f = jax.jit(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"))
-jax.block_until_ready(f(x, w, wgu, wd))
-PY
   for s in ${NCU_SHAPES:-S3 S2}; do
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 ncu --clock-control none --kernel-name regex:wgmma_gemm --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       --section WarpStateStats --section SchedulerStats \
-      python3 /tmp/ncu_case.py $s > "$OUT/ncu_$s.txt" 2>&1
+      python3 tools/kernel_timings.py forward --shapes $s > "$OUT/ncu_$s.txt" 2>&1
     grep -E "wgmma_gemm_kernel|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers|Stall|Issued|Eligible|Active Warps" "$OUT/ncu_$s.txt" | head -60
   done
 }
@@ -96,28 +83,8 @@ fi
 
 run_profile() {
   step "per-phase device times (JAX_MOK_CUDA_PROFILE=1, one fwd+bwd per shape, saved h)"
-  JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/profile.txt"
-import sys, jax, jax.numpy as jnp
-from jax_mok import autodiff
-SHAPES = {"S1": (32768, 2048, 768, 128, 8), "S2": (8192, 7168, 2048, 256, 8),
-          "S3": (16384, 4096, 14336, 8, 2), "S4": (7168, 7168, 3072, 384, 6),
-          "S5": (128, 7168, 2048, 256, 8), "S6": (8192, 2048, 2048, 32, 2)}
-for name, (T, H, F, E, k) in SHAPES.items():
-    ks = jax.random.split(jax.random.key(1), 6)
-    x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
-    wgu = jnp.tile((jax.random.normal(ks[1], (8, H, 2 * F)) / H**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
-    wd = jnp.tile((jax.random.normal(ks[2], (8, F, H)) / F**0.5).astype(jnp.bfloat16), (E // 8, 1, 1))
-    w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
-    dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
-    def fb(x, w, a, b):
-        y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"), x, w, a, b)
-        return y, vjp(dy)
-    fb = jax.jit(fb)
-    jax.block_until_ready(fb(x, w, wgu, wd))  # compile + first call
-    print(f"--- {name} T={T} H={H} F={F} E={E} k={k} (second call below)", file=sys.stderr, flush=True)
-    jax.block_until_ready(fb(x, w, wgu, wd))
-    del x, wgu, wd, dy, fb
-PY
+  JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 tools/kernel_timings.py profile \
+    2>&1 | tee "$OUT/profile.txt"
 }
 
 TEST_RC=0
@@ -147,70 +114,8 @@ if [ "$MODE" = final ] || [ "$MODE" = bench ]; then
 fi
 
 step "kernel timings"
-timeout ${TIMING_TIMEOUT:-240} python3 - "$MODE" <<'PY' 2>&1 | tee "$OUT/timings.txt"
-# fwd: y; fwd+bwd: y and every gradient (returning y keeps XLA from dropping the forward call),
-# with the gate/up pre-activations saved (default on CUDA) and recomputed (save_activations=False).
-import sys, time, json, numpy as np, jax, jax.numpy as jnp
-from jax_mok import autodiff
-mode = sys.argv[1]
-SHAPES = {"S1": (32768, 2048, 768, 128, 8), "S2": (8192, 7168, 2048, 256, 8),
-          "S3": (16384, 4096, 14336, 8, 2), "S4": (7168, 7168, 3072, 384, 6),
-          "S5": (128, 7168, 2048, 256, 8), "S6": (8192, 2048, 2048, 32, 2)}
-if mode == "quick":
-    SHAPES = {k: SHAPES[k] for k in ("S1", "S3", "S6")}
-UNIQUE = 8  # distinct random experts, tiled to E (keeps the f32 generation temporaries small)
-
-def bench(f, *a, n=20):
-    for _ in range(3): jax.block_until_ready(f(*a))
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter(); jax.block_until_ready(f(*a)); ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
-
-k1, k2 = jax.random.split(jax.random.key(0))
-A = jax.random.normal(k1, (8192, 8192), jnp.bfloat16); B = jax.random.normal(k2, (8192, 8192), jnp.bfloat16)
-mm = jax.jit(lambda a, b: a @ b)
-ceil = 2 * 8192**3 / bench(mm, A, B) / 1e12
-del A, B
-print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
-rows = []
-for name, (T, H, F, E, k) in SHAPES.items():
-    ks = jax.random.split(jax.random.key(1), 6)
-    x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
-    u = min(E, UNIQUE)
-    wgu = (jax.random.normal(ks[1], (u, H, 2 * F), jnp.float32) / H**0.5).astype(jnp.bfloat16)
-    wd = (jax.random.normal(ks[2], (u, F, H), jnp.float32) / F**0.5).astype(jnp.bfloat16)
-    wgu, wd = jnp.tile(wgu, (E // u, 1, 1)), jnp.tile(wd, (E // u, 1, 1))
-    logits = jax.random.normal(ks[3], (T, E))
-    w, ids = jax.lax.top_k(jax.nn.softmax(logits), k)
-    dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
-    fwd = jax.jit(lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda"))
-    def make_fb(save):
-        def fb(x, w, a, b):
-            y, vjp = jax.vjp(lambda x, w, a, b: autodiff.routed_experts(
-                x, ids, w, a, b, implementation="cuda", save_activations=save), x, w, a, b)
-            return y, vjp(dy)
-        return jax.jit(fb)
-    flops = 6 * T * k * H * F
-    tf = bench(fwd, x, w, wgu, wd, n=10)
-    tb = {}
-    for save in (True, False):
-        try:
-            tb[save] = bench(make_fb(save), x, w, wgu, wd, n=5)
-        except Exception as e:  # e.g. out of memory for the weight gradients
-            print(f"{name}: fwd+bwd (save={save}) failed: {str(e)[:200]}")
-            tb[save] = float("nan")
-    rows.append((name, tf * 1e3, flops / tf / 1e12, tb[True] * 1e3, 3 * flops / tb[True] / 1e12,
-                 tb[False] * 1e3, 3 * flops / tb[False] / 1e12))
-    print(f"{name}: fwd {tf*1e3:.3f} ms {flops/tf/1e12:.0f} TFLOP/s | fwd+bwd saved {tb[True]*1e3:.3f} ms "
-          f"{3*flops/tb[True]/1e12:.0f} | recomputed {tb[False]*1e3:.3f} ms {3*flops/tb[False]/1e12:.0f}",
-          flush=True)
-    del x, wgu, wd, dy, fwd
-print("\n| shape | fwd ms | fwd TFLOP/s | % ceil | fwd+bwd ms (saved h) | TFLOP/s | % ceil | fwd+bwd ms (recompute) | TFLOP/s |")
-print("|---|---|---|---|---|---|---|---|---|")
-for n, a, b, c, d, e, f in rows:
-    print(f"| {n} | {a:.3f} | {b:.0f} | {100*b/ceil:.0f} | {c:.3f} | {d:.0f} | {100*d/ceil:.0f} | {e:.3f} | {f:.0f} |")
-PY
+timeout ${TIMING_TIMEOUT:-240} python3 tools/kernel_timings.py timings --shapes $( [ "$MODE" = quick ] && echo S1,S3,S6 || echo S1,S2,S3,S4,S5,S6 ) 2>&1 \
+  | tee "$OUT/timings.txt"
 
 [ "${PROFILE:-1}" = 1 ] && run_profile
 

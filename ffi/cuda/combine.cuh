@@ -7,20 +7,6 @@
 
 namespace mok::cuda {
 
-template <class T>
-__device__ __forceinline__ float4 load4(const T* src);
-template <>
-__device__ __forceinline__ float4 load4<float>(const float* src) {
-  return *reinterpret_cast<const float4*>(src);
-}
-template <>
-__device__ __forceinline__ float4 load4<bf16>(const bf16* src) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(src);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-
 // out[t, :] = Σ_j parts[assign_pos[t, j], :]   parts: [P, H] T, out: [T, H] T
 template <class T>
 __global__ void combine_rows_kernel(const T* __restrict__ parts, const int* __restrict__ assign_pos,

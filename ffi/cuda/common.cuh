@@ -58,6 +58,21 @@ __device__ __forceinline__ float2 load2<bf16>(const bf16* src) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
 }
 
+// Four adjacent elements as floats (16 bytes of float, 8 of bf16).
+template <class T>
+__device__ __forceinline__ float4 load4(const T* src);
+template <>
+__device__ __forceinline__ float4 load4<float>(const float* src) {
+  return *reinterpret_cast<const float4*>(src);
+}
+template <>
+__device__ __forceinline__ float4 load4<bf16>(const bf16* src) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 __device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(-v)); }
 
 // ------------------------------------------------------------------ accumulator fragments

@@ -1,0 +1,152 @@
+"""The CUDA kernels alone on the protocol shapes (device script helper; tools/gpu_check.sh).
+
+    python3 tools/kernel_timings.py timings [--shapes S1,S3,S6]   # fwd / fwd+bwd (h saved and
+                                                                  # recomputed) + a table
+    JAX_MOK_CUDA_PROFILE=1 python3 tools/kernel_timings.py profile  # one fwd+bwd per shape: the
+                                                                  # per-phase device times
+    python3 tools/kernel_timings.py forward --shapes S3            # one forward (under ncu)
+
+Balanced routing, bf16, 8 distinct random experts tiled to E (keeps the generation temporaries
+small). Not the protocol (no input rotation, no peers): the harness is ``python -m benchmarks.run``.
+fwd+bwd returns y with the gradients, so XLA cannot drop the forward custom call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mok import autodiff, testing
+
+UNIQUE = 8
+
+
+def inputs(name: str):
+    """``(x, topk_ids, topk_weights, w_gate_up, w_down, dy)`` of shape ``name``."""
+    s = testing.SHAPES[name]
+    T, H, F, E, k = s.tokens, s.hidden, s.ffn, s.experts, s.top_k
+    ks = jax.random.split(jax.random.key(1), 5)
+    u = min(E, UNIQUE)
+    x = jax.random.normal(ks[0], (T, H), jnp.bfloat16)
+    wgu = (jax.random.normal(ks[1], (u, H, 2 * F), jnp.float32) / H**0.5).astype(jnp.bfloat16)
+    wd = (jax.random.normal(ks[2], (u, F, H), jnp.float32) / F**0.5).astype(jnp.bfloat16)
+    w, ids = jax.lax.top_k(jax.nn.softmax(jax.random.normal(ks[3], (T, E))), k)
+    dy = jax.random.normal(ks[4], (T, H), jnp.bfloat16)
+    return x, ids, w, jnp.tile(wgu, (E // u, 1, 1)), jnp.tile(wd, (E // u, 1, 1)), dy
+
+
+def forward(ids):
+    return jax.jit(
+        lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda")
+    )
+
+
+def forward_backward(ids, dy, save: bool | None = None):
+    def step(x, w, a, b):
+        def fn(x, w, a, b):
+            return autodiff.routed_experts(
+                x, ids, w, a, b, implementation="cuda", save_activations=save
+            )
+
+        y, vjp = jax.vjp(fn, x, w, a, b)
+        return y, vjp(dy)
+
+    return jax.jit(step)
+
+
+def median_s(f, *args, n: int = 20) -> float:
+    for _ in range(3):
+        jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def timings(shapes: list[str]) -> None:
+    k1, k2 = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(k1, (8192, 8192), jnp.bfloat16)
+    b = jax.random.normal(k2, (8192, 8192), jnp.bfloat16)
+    ceil = 2 * 8192**3 / median_s(jax.jit(lambda a, b: a @ b), a, b) / 1e12
+    del a, b
+    print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
+    rows = []
+    for name in shapes:
+        x, ids, w, wgu, wd, dy = inputs(name)
+        s = testing.SHAPES[name]
+        flops = 6 * s.tokens * s.top_k * s.hidden * s.ffn
+        tf = median_s(forward(ids), x, w, wgu, wd, n=10)
+        tb = {}
+        for save in (True, False):
+            try:
+                tb[save] = median_s(forward_backward(ids, dy, save), x, w, wgu, wd, n=5)
+            except Exception as e:  # e.g. out of memory for the weight gradients
+                print(f"{name}: fwd+bwd (save={save}) failed: {str(e)[:200]}")
+                tb[save] = float("nan")
+        rows.append((name, tf, tb[True], tb[False], flops))
+        print(
+            f"{name}: fwd {tf * 1e3:.3f} ms {flops / tf / 1e12:.0f} TFLOP/s | fwd+bwd saved "
+            f"{tb[True] * 1e3:.3f} ms {3 * flops / tb[True] / 1e12:.0f} | recomputed "
+            f"{tb[False] * 1e3:.3f} ms {3 * flops / tb[False] / 1e12:.0f}",
+            flush=True,
+        )
+        del x, ids, w, wgu, wd, dy
+    print(
+        "\n| shape | fwd ms | fwd TFLOP/s | % ceil | fwd+bwd ms (saved h) | TFLOP/s | % ceil "
+        "| fwd+bwd ms (recompute) | TFLOP/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, tf, ts, tr, flops in rows:
+        f, s, r = flops / tf / 1e12, 3 * flops / ts / 1e12, 3 * flops / tr / 1e12
+        print(
+            f"| {name} | {tf * 1e3:.3f} | {f:.0f} | {100 * f / ceil:.0f} | {ts * 1e3:.3f} | "
+            f"{s:.0f} | {100 * s / ceil:.0f} | {tr * 1e3:.3f} | {r:.0f} |"
+        )
+
+
+def profile(shapes: list[str]) -> None:
+    """Two fwd+bwd calls per shape; with JAX_MOK_CUDA_PROFILE=1 the kernels print each phase's
+    device time to stderr, and the marker line names the second (warm) call."""
+    for name in shapes:
+        x, ids, w, wgu, wd, dy = inputs(name)
+        fb = forward_backward(ids, dy)
+        jax.block_until_ready(fb(x, w, wgu, wd))  # compile + first call
+        s = testing.SHAPES[name]
+        print(
+            f"--- {name} T={s.tokens} H={s.hidden} F={s.ffn} E={s.experts} k={s.top_k} "
+            "(second call below)",
+            file=sys.stderr,
+            flush=True,
+        )
+        jax.block_until_ready(fb(x, w, wgu, wd))
+        del x, ids, w, wgu, wd, dy, fb
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("timings", "profile", "forward"))
+    ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
+    args = ap.parse_args()
+    shapes = args.shapes.split(",")
+    unknown = [s for s in shapes if s not in testing.SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {unknown}; expected names from {sorted(testing.SHAPES)}")
+    if args.what == "timings":
+        timings(shapes)
+    elif args.what == "profile":
+        profile(shapes)
+    else:
+        for name in shapes:
+            x, ids, w, wgu, wd, _ = inputs(name)
+            jax.block_until_ready(forward(ids)(x, w, wgu, wd))
+
+
+if __name__ == "__main__":
+    main()
