@@ -35,6 +35,16 @@ def cuda_module():
     return module
 
 
+def kernels_built(platform: str) -> bool:
+    """Whether the kernels for ``platform`` ("cpu", or "gpu" / "cuda") are built (and, by this
+    call, registered with XLA)."""
+    if platform == "cpu":
+        return cpu_module() is not None
+    if platform in ("gpu", "cuda"):
+        return cuda_module() is not None
+    return False
+
+
 def gpu_present() -> bool:
     try:
         return bool(jax.devices("gpu"))
@@ -45,7 +55,7 @@ def gpu_present() -> bool:
 def backends() -> dict:
     """What is built and usable here, for `python -m jax_mok info` and error messages."""
     return {
-        "cpu_kernels": cpu_module() is not None,
-        "cuda_kernels": cuda_module() is not None,
+        "cpu_kernels": kernels_built("cpu"),
+        "cuda_kernels": kernels_built("cuda"),
         "gpu_present": gpu_present(),
     }

@@ -83,9 +83,7 @@ def default_implementation(dtype=None, config: MoEConfig | None = None) -> str:
     """The kernels where they are built for the default backend and handle the call (dtype and
     sizes, when given), else the reference — with a one-time warning saying why."""
     backend = jax.default_backend()
-    built = (backend == "cpu" and _ffi.cpu_module() is not None) or (
-        backend == "gpu" and _ffi.cuda_module() is not None)
-    if not built:
+    if not _ffi.kernels_built(backend):
         return "reference"
     reason = kernel_limits(dtype, config, backend) if config is not None else None
     if reason is None:

@@ -89,25 +89,22 @@ def _ffi_backward_saved(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h):
     )
 
 
-def _forward_keeping_h(x2d, topk_ids, topk_weights, w_gate_up, w_down, implementation):
-    """``(y, h)``. ``implementation="ffi"`` may land on any platform: the saving targets exist
-    for CUDA only, so elsewhere the plain forward runs and h is a zero placeholder (the backward
-    there recomputes, see ``_backward_with_h``)."""
-    args = (x2d, topk_ids, topk_weights, w_gate_up, w_down)
-    if implementation == "cuda":
-        return _ffi_forward_train(*args)
+def _forward_keeping_h(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+    """``(y, h)``, chosen per platform at lowering: the saving target exists for CUDA only, so
+    elsewhere the plain forward runs and h is a zero placeholder (``_backward_with_h`` then
+    recomputes)."""
 
-    def elsewhere(*a):
-        tk = a[1].shape[0] * a[1].shape[1]
-        return _ffi_forward(*a), jnp.zeros((tk, a[3].shape[-1]), a[0].dtype)
+    def elsewhere(*args):
+        tk = topk_ids.shape[0] * topk_ids.shape[1]
+        return _ffi_forward(*args), jnp.zeros((tk, w_gate_up.shape[-1]), x2d.dtype)
 
-    return jax.lax.platform_dependent(*args, cuda=_ffi_forward_train, default=elsewhere)
+    return jax.lax.platform_dependent(
+        x2d, topk_ids, topk_weights, w_gate_up, w_down, cuda=_ffi_forward_train, default=elsewhere
+    )
 
 
-def _backward_with_h(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h, implementation):
-    args = (dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
-    if implementation == "cuda":
-        return _ffi_backward_saved(*args)
+def _backward_with_h(*args):
+    """``mok_moe_bwd_saved`` on CUDA; elsewhere the recomputing backward (h unused)."""
     return jax.lax.platform_dependent(
         *args, cuda=_ffi_backward_saved, default=lambda *a: _ffi_backward(*a[:-1])
     )
@@ -120,31 +117,24 @@ def _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save):
 
 
 def _kernel_experts_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, save):
-    if save:  # save = the implementation name ("cuda" / "ffi") or None
-        y, h = _forward_keeping_h(x2d, topk_ids, topk_weights, w_gate_up, w_down, save)
-    else:
-        y, h = _ffi_forward(x2d, topk_ids, topk_weights, w_gate_up, w_down), None
-    return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
+    operands = (x2d, topk_ids, topk_weights, w_gate_up, w_down)
+    y, h = _forward_keeping_h(*operands) if save else (_ffi_forward(*operands), None)
+    return y, (*operands, h)
 
 
 def _kernel_experts_bwd(save, residuals, dy):
-    x2d, topk_ids, topk_weights, w_gate_up, w_down, h = residuals
-    if h is None:
-        dx, d_weights, d_gate_up, d_down = _ffi_backward(
-            dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down
-        )
-    else:
-        dx, d_weights, d_gate_up, d_down = _backward_with_h(
-            dy.astype(x2d.dtype), x2d, topk_ids, topk_weights, w_gate_up, w_down, h, save
-        )
+    *operands, h = residuals
+    args = (dy.astype(operands[0].dtype), *operands)
+    grads = _ffi_backward(*args) if h is None else _backward_with_h(*args, h)
+    dx, d_weights, d_gate_up, d_down = grads
     return dx, None, d_weights, d_gate_up, d_down
 
 
 def _save_activations(implementation: str, save: bool | None) -> bool:
     """The residual policy of a call: explicit, else recompute when
-    ``JAX_MOK_SAVE_ACTIVATIONS=0``, else saved where the kernels are CUDA's (the default
-    backend is a GPU and the CUDA extension is built). A computation that lands on the CPU with
-    saving on (``implementation="ffi"`` on a GPU machine, CPU devices) recomputes anyway."""
+    ``JAX_MOK_SAVE_ACTIVATIONS=0``, else saved where the kernels are CUDA's (``"cuda"``, or
+    ``"ffi"`` with a GPU default backend). A computation that lands on the CPU with saving on
+    (``"ffi"`` on a GPU machine, CPU devices) recomputes anyway (``_forward_keeping_h``)."""
     if save is None and os.environ.get("JAX_MOK_SAVE_ACTIVATIONS") == "0":
         save = False  # the process-wide switch for measuring the recompute policy
     if save and implementation == "cpu":
@@ -155,9 +145,7 @@ def _save_activations(implementation: str, save: bool | None) -> bool:
         )
     if save is None:
         save = implementation == "cuda" or (
-            implementation == "ffi"
-            and jax.default_backend() == "gpu"
-            and _ffi.cuda_module() is not None
+            implementation == "ffi" and jax.default_backend() == "gpu"
         )
     return bool(save)
 
@@ -199,13 +187,10 @@ def routed_experts(
         return reference.routed_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down)
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    built = {"cpu": _ffi.cpu_module() is not None, "cuda": _ffi.cuda_module() is not None}
-    if implementation in built and not built[implementation]:
+    if implementation in ("cpu", "cuda") and not _ffi.kernels_built(implementation):
         raise RuntimeError(
             f"jax_mok: implementation={implementation!r} but its extension _mok_{implementation} "
             "is not built (reinstall jax_mok; the CUDA one needs nvcc on PATH or JAX_MOK_CUDA=1)"
         )
     save = _save_activations(implementation, save_activations)
-    return _kernel_experts(
-        x2d, topk_ids, topk_weights, w_gate_up, w_down, implementation if save else None
-    )
+    return _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save)

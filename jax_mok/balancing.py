@@ -22,9 +22,10 @@ def router_bias_update(router_bias: jax.Array, expert_counts: jax.Array,
     """New bias ``[E] float32``: ``router_bias + rate * sign(mean(load) - load)``.
 
     Args:
-      router_bias: ``[E]`` current bias (any float dtype; the result keeps it).
-      expert_counts: ``[E]`` (or ``[..., E]``, summed over the leading dims, e.g. scanned
-        layers) assignments per expert in the last step.
+      router_bias: ``[E]`` current bias (any float dtype; the result keeps it), or ``[L, E]``
+        for L stacked layers (nn.scan / nnx.vmap), each balanced on its own load.
+      expert_counts: assignments per expert in the last step, shaped like ``router_bias`` or
+        with extra leading dims (summed, e.g. microbatches).
       rate: step size ``u`` (DeepSeek-V3 uses 1e-3).
 
     Example:
@@ -32,10 +33,14 @@ def router_bias_update(router_bias: jax.Array, expert_counts: jax.Array,
       >>> router_bias_update(jnp.zeros(4), jnp.array([10, 2, 4, 0]), rate=0.5)
       Array([-0.5,  0.5,  0. ,  0.5], dtype=float32)
     """
-    if router_bias.ndim < 1 or expert_counts.shape[-1] != router_bias.shape[-1]:
+    if router_bias.ndim < 1 or (
+        tuple(expert_counts.shape[expert_counts.ndim - router_bias.ndim:])
+        != tuple(router_bias.shape)
+    ):
         raise ValueError(
-            f"expert_counts must end in E={router_bias.shape[-1] if router_bias.ndim else '?'} "
-            f"like router_bias {tuple(router_bias.shape)}, got {tuple(expert_counts.shape)}"
+            f"expert_counts must end in router_bias's shape {tuple(router_bias.shape)} (one count "
+            f"per expert{' per layer' if router_bias.ndim > 1 else ''}), got "
+            f"{tuple(expert_counts.shape)}"
         )
     load = expert_counts.astype(jnp.float32)
     extra = load.ndim - router_bias.ndim

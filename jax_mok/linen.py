@@ -112,10 +112,8 @@ def update_router_bias(variables: Mapping, expert_counts: jax.Array | Mapping,
             f"(collections: {sorted(variables)}); it exists only for routing='sigmoid'"
         )
 
-    def one(bias, counts):
-        if bias.ndim == 1:
-            return router_bias_update(bias, counts, rate)
-        return jax.vmap(lambda b, c: router_bias_update(b, c, rate))(bias, counts)
+    def one(bias, counts):  # a bias stacked by nn.scan ([L, E]) is balanced per layer
+        return router_bias_update(bias, counts, rate)
 
     biases = variables[BIAS_COLLECTION]
     if isinstance(expert_counts, Mapping):

@@ -174,11 +174,8 @@ def update_router_bias(model: nnx.Module, expert_counts: jax.Array | None = None
                 f"update_router_bias: expert_counts has shape {tuple(counts.shape)}, expected "
                 f"{tuple(bias.shape)} (one count per expert{' per layer' if bias.ndim > 1 else ''})"
             )
-        if bias.ndim == 1:
-            new = router_bias_update(bias, counts, rate)
-        else:  # layers stacked by nnx.vmap / nnx.scan: balance each on its own load
-            new = jax.vmap(lambda b, c: router_bias_update(b, c, rate))(bias, counts)
-        module.router_bias.set_value(new)
+        # A bias stacked by nnx.vmap / nnx.scan ([L, E]) is balanced per layer on its own load.
+        module.router_bias.set_value(router_bias_update(bias, counts, rate))
     if not found:
         raise ValueError("update_router_bias: model has no jax_mok.nnx.MoE with routing='sigmoid'")
 

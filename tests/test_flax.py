@@ -242,3 +242,17 @@ def test_doctests():
     for module in (jax_mok.nnx, jax_mok.linen, jax_mok.balancing):
         result = doctest.testmod(module)
         assert result.failed == 0, f"{module.__name__}: {result}"
+
+
+def test_stacked_bias_update_sums_leading_microbatch_axis():
+    """A stacked bias [L, E] with counts [B, L, E] (B microbatches): each layer is balanced on
+    its load summed over B — also when B == L, where a per-row vmap would pair the wrong axes."""
+    from jax_mok.balancing import router_bias_update
+
+    bias = jnp.zeros((3, 4))
+    counts = jnp.arange(36).reshape(3, 3, 4) % 5  # B = L = 3
+    new = router_bias_update(bias, counts, rate=0.5)
+    load = counts.sum(0).astype(jnp.float32)
+    np.testing.assert_allclose(new, 0.5 * jnp.sign(load.mean(-1, keepdims=True) - load))
+    with pytest.raises(ValueError, match="must end in router_bias's shape \\(3, 4\\)"):
+        router_bias_update(bias, jnp.ones((4, 4)))
