@@ -117,9 +117,11 @@ class ExpertParallel:
     mesh: Mesh | AbstractMesh
     expert_axis: str = "expert"
     token_axes: tuple[str, ...] | None = None
-    transport: str = "xla"
+    transport: str | None = None
 
     def __post_init__(self):
+        if self.transport is None:
+            object.__setattr__(self, "transport", _default_transport())
         if not isinstance(self.mesh, Mesh | AbstractMesh):
             raise TypeError(
                 f"mesh must be a jax.sharding.Mesh or AbstractMesh, got {type(self.mesh).__name__}"
@@ -194,9 +196,7 @@ def expert_parallel(mesh: Mesh | AbstractMesh | None = None, *, expert_axis: str
                 "expert_parallel(mesh=None) needs an ambient mesh (jax.set_mesh / use_mesh); "
                 "none is set"
             )
-    plan = ExpertParallel(mesh, expert_axis,
-                          None if token_axes is None else tuple(token_axes),
-                          transport or _default_transport())
+    plan = ExpertParallel(mesh, expert_axis, token_axes, transport)
     token = _CONTEXT.set(plan)
     try:
         yield plan
@@ -292,10 +292,8 @@ def plan_for(params: MoEParams, *, mesh=None, expert_axis: str = "expert",
     """
     if transport is not None and transport not in TRANSPORTS:
         raise ValueError(f"transport must be None or one of {TRANSPORTS}, got {transport!r}")
-    token_axes = None if token_axes is None else (
-        (token_axes,) if isinstance(token_axes, str) else tuple(token_axes))
     if mesh is not None:
-        return ExpertParallel(mesh, expert_axis, token_axes, transport or _default_transport())
+        return ExpertParallel(mesh, expert_axis, token_axes, transport)
     plan = _CONTEXT.get()
     if plan is not None:
         if transport is not None and transport != plan.transport:
@@ -304,14 +302,13 @@ def plan_for(params: MoEParams, *, mesh=None, expert_axis: str = "expert",
     ambient = _ambient_mesh()
     if ambient is not None and expert_axis in ambient.axis_names and not _manual(
             ambient, expert_axis):
-        return ExpertParallel(ambient, expert_axis, token_axes, transport or _default_transport())
+        return ExpertParallel(ambient, expert_axis, token_axes, transport)
     known = _weight_spec(params.w_gate_up)
     if known is not None:
         spec, weight_mesh = known
         sharded = [a for e in tuple(spec) for a in _spec_axes(e)]
         if expert_axis in sharded:
-            return ExpertParallel(weight_mesh, expert_axis, token_axes,
-                                  transport or _default_transport())
+            return ExpertParallel(weight_mesh, expert_axis, token_axes, transport)
         if sharded:
             raise ValueError(
                 f"params.w_gate_up is sharded as {spec} over mesh axes {sharded}, but no mesh "

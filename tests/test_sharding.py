@@ -138,6 +138,10 @@ def test_context_manager_and_token_axes():
         assert plan.ep_size == 4 and plan.token_shards == 4
         got = jax.jit(jax_mok.moe)(x, params)
     assert testing.rel_error(got, want) < 1e-4
+    # A single axis may be named as a string, as for moe(..., token_axes=...).
+    with sharding.expert_parallel(mesh, token_axes="expert") as plan:
+        assert plan.token_axes == ("expert",)
+        assert plan.transport == "xla"  # unnamed: JAX_MOK_TRANSPORT, unset here
 
 
 def test_errors_name_the_problem():
