@@ -77,7 +77,6 @@ import math
 import os
 import queue as queue_module
 import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -86,7 +85,6 @@ import zlib
 
 import numpy as np
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUTINGS = ("balanced", "skewed")
 
 
@@ -805,7 +803,7 @@ class Rank:
             )
         buf.clear()
         self.free()
-        flops = 6 * cfg.tokens * shape.top_k * H * shape.ffn
+        flops = shape.config().routed_flops(cfg.tokens)
         rec.update(
             {
                 "comm_GBps": rec["bytes_per_direction"] / (rec["comm_ms"] * 1e-3) / 1e9,
@@ -917,22 +915,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _git_commit() -> str | None:
-    if os.environ.get("JAX_MOK_GIT_COMMIT"):  # the device copy's .git may be stale (run.py)
-        return os.environ["JAX_MOK_GIT_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("JAX_MOK_GIT_COMMIT")
-
-
 def _run_workers(
     args, world: int, todo: list[Config], t0: float, machine: dict, sink, records: dict
 ) -> tuple[str | None, bool]:
@@ -1011,7 +993,9 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     configs = _configs(args)
-    machine = {"commit": _git_commit(), "device_kind": args.device}
+    from benchmarks.run import git_commit
+
+    machine = {"commit": git_commit(), "device_kind": args.device}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     _say(
         f"[{0.0:7.1f}s] B5: torch {torch.__version__}, {args.backend} on {world} "

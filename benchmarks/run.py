@@ -91,6 +91,13 @@ def _git(*cmd: str) -> str | None:
         return None
 
 
+def git_commit() -> str | None:
+    """The commit a record names: JAX_MOK_GIT_COMMIT first (the device machine's copy of the tree
+    carries the .git of the session's first commit, not of the tree it runs; the device scripts
+    set it), else ``git rev-parse HEAD``."""
+    return os.environ.get("JAX_MOK_GIT_COMMIT") or _git("rev-parse", "HEAD")
+
+
 def _read_events(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
@@ -250,10 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": stamp.isoformat(timespec="seconds"),
             "command": "python -m benchmarks.run " + " ".join(
                 shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
-            # a tree copied without .git (the GPU machine) can name its commit in the environment
-            # JAX_MOK_GIT_COMMIT first: the device machine's copy of the tree carries the .git of
-            # the session's first commit, not of the tree it runs (tools/gpu_check.sh sets it).
-            "git_commit": os.environ.get("JAX_MOK_GIT_COMMIT") or _git("rev-parse", "HEAD"),
+            "git_commit": git_commit(),
             "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "machine": orch.machine,
             "protocol": protocol,

@@ -47,7 +47,7 @@ def shape_items(shape: str, routings: list[str], passes: list[str],
 
 def routed_flops(shape, passname: str) -> int:
     """Forward = 6 T k H F (gate/up and down GEMMs); forward+backward = 3x that."""
-    forward = 6 * shape.tokens * shape.top_k * shape.hidden * shape.ffn
+    forward = shape.forward_flops()
     return forward if passname == "fwd" else 3 * forward
 
 

@@ -29,7 +29,7 @@ class Shape:
                          ffn_size=self.ffn, **overrides)
 
     def forward_flops(self) -> int:
-        return 6 * self.tokens * self.top_k * self.hidden * self.ffn
+        return self.config().routed_flops(self.tokens)
 
 
 SHAPES = {

@@ -9,7 +9,7 @@ Experts are scaled down (``--expert-scale``) when the weights would not fit; the
 Also the compute alone (``compute_only_*``: one GPU, E/ep experts, no exchange) for the overlap
 figure layer / max(compute-only, communication-only). Configs run token-major (the first token
 count for every shape first); ``--budget-s`` records what is left as skipped.
-Status (2026-11-29): written on the CPU machine, NOT run on a GPU yet.
+Status: run on 2 x H200 on 2026-11-29 (BENCHMARKS.md, expert-parallel table).
 """
 
 from __future__ import annotations
@@ -114,10 +114,32 @@ def main() -> None:
     ep = len(gpus)
     ok, reason = workspace.peer_transport_available(mesh, "expert")
     print(f"EP={ep} peer available: {ok} ({reason})", flush=True)
+    transports = ("xla", "peer") if ok else ("xla",)
+
+    def programs_for(t):
+        def layer(x, p):
+            return jax_mok.moe(x, p, mesh=mesh, transport=t)
+
+        def loss(x, p):
+            return jnp.sum(layer(x, p).astype(jnp.float32))
+
+        return jax.jit(layer), jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+    # One jitted program pair per transport: balanced and skewed share shapes and compile once.
+    programs = {t: programs_for(t) for t in transports}
+    from benchmarks.run import git_commit
+
+    commit = git_commit()
     t_start = time.perf_counter()
     configs = [(name, int(t)) for t in args.tokens.split(",") for name in args.shapes.split(",")]
     params_cache: dict = {}
     with open(args.out, "a") as sink:
+
+        def emit(record: dict) -> None:  # flushed: a `timeout` kill must not lose records
+            print(json.dumps(record), flush=True)
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+
         for name, tokens in configs:  # token-major: the first token count covers every shape
             shape = testing.SHAPES[name]
             experts = max(ep, shape.experts // args.expert_scale)
@@ -140,12 +162,12 @@ def main() -> None:
                     "tokens_per_gpu": tokens,
                     "ep": ep,
                     "routing": routing,
+                    "commit": commit,
                 }
                 elapsed = time.perf_counter() - t_start
                 if elapsed > args.budget_s:
                     record["skipped"] = f"--budget-s {args.budget_s:.0f} used up"
-                    print(json.dumps(record), flush=True)
-                    sink.write(json.dumps(record) + "\n")
+                    emit(record)
                     continue
                 p = params
                 if routing == "skewed":  # the first E/4 experts' logits scaled x3
@@ -154,20 +176,7 @@ def main() -> None:
                     jax.random.normal(jax.random.key(1), (ep * tokens, shape.hidden), jnp.bfloat16),
                     NamedSharding(mesh, P("expert")),
                 )
-                for transport in ("xla", "peer"):
-                    if transport == "peer" and not ok:
-                        continue
-                    fwd = jax.jit(
-                        lambda x, p, t=transport: jax_mok.moe(x, p, mesh=mesh, transport=t)
-                    )
-                    grad = jax.jit(
-                        jax.grad(
-                            lambda x, p, t=transport: jnp.sum(
-                                jax_mok.moe(x, p, mesh=mesh, transport=t).astype(jnp.float32)
-                            ),
-                            argnums=(0, 1),
-                        )
-                    )
+                for transport, (fwd, grad) in programs.items():
                     try:
                         record[f"{transport}_fwd_ms"] = _median_ms(fwd, x, p)
                         record[f"{transport}_fwd_bwd_ms"] = _median_ms(grad, x, p)
@@ -186,8 +195,7 @@ def main() -> None:
                     record["exchange"] = _exchange_ms(
                         mesh, ep, spec.rows, shape.hidden, shape.top_k, ws
                     )
-                print(json.dumps(record), flush=True)
-                sink.write(json.dumps(record) + "\n")
+                emit(record)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
 # The peer workspace lives outside XLA's pool: XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 leaves room.
 # JAX_MOK_CUDA_DEBUG_SYNC stays off here: a host sync per launch could itself serialize the two
 # devices if XLA launched them from one thread (the smoke runs both JAX_MOK_PEER_CHECK modes).
-# Written 2026-11-29 on the CPU machine; NOT run yet.
+# Run on nvidia-h200-x2 on 2026-11-29 (BENCHMARKS.md, expert-parallel table).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -18,6 +18,9 @@ mkdir -p "$OUT"
 MODE=${1:-full}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.8}
 export JAX_MOK_PEER_TIMEOUT_MS=${JAX_MOK_PEER_TIMEOUT_MS:-5000}
+# The device copy's .git is the session's first commit: pass JAX_MOK_GIT_COMMIT=<sha> so that the
+# records (ep_bench, B5) name the tree that ran.
+export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PATH=/usr/local/cuda/bin:$PATH
 step() { echo "=== $(date +%T) $*"; }
 

@@ -81,7 +81,7 @@ def timings(shapes: list[str]) -> None:
     for name in shapes:
         x, ids, w, wgu, wd, dy = inputs(name)
         s = testing.SHAPES[name]
-        flops = 6 * s.tokens * s.top_k * s.hidden * s.ffn
+        flops = s.forward_flops()
         tf = median_s(forward(ids), x, w, wgu, wd, n=10)
         tb = {}
         for save in (True, False):
