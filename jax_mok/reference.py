@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_mok.routing import DROPPED
+from jax_mok.routing import DROPPED, rank_in_group
 
 
 def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
@@ -57,15 +57,10 @@ def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax
     F = two_f // 2
     flat = topk_ids.reshape(-1)
     valid = (flat >= 0) & (flat < E)
-    key = jnp.where(valid, flat, E)
-    order = jnp.argsort(key, stable=True)  # [T*k] assignment index, grouped by expert
-    sorted_key = key[order]
-    counts = jnp.bincount(key, length=E + 1)
-    starts = jnp.cumsum(counts) - counts
-    rank = jnp.arange(T * k) - starts[sorted_key]
+    key = jnp.where(valid, flat, E)  # skipped assignments form group E
+    rank, _ = rank_in_group(key, E + 1)
     trash = E * capacity  # one spare row takes skipped assignments
-    slot_sorted = jnp.where(sorted_key < E, sorted_key * capacity + rank, trash)
-    slot = jnp.zeros((T * k,), jnp.int32).at[order].set(slot_sorted.astype(jnp.int32))
+    slot = jnp.where(key < E, key * capacity + rank, trash).astype(jnp.int32)
     rows = jnp.repeat(x2d, k, axis=0)  # [T*k, H] row of each assignment, token-major
     buf = jnp.zeros((E * capacity + 1, H), x2d.dtype).at[slot].set(rows)
     buf = buf[:trash].reshape(E, capacity, H)

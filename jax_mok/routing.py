@@ -54,17 +54,32 @@ def _group_limited(selection: jax.Array, config: MoEConfig) -> jax.Array:
     return jnp.where(expert_mask, selection, -jnp.inf)
 
 
+def rank_in_group(keys: jax.Array, num_groups: int) -> tuple[jax.Array, jax.Array]:
+    """``(rank, counts)``: for each entry of ``keys [N]`` (ints in ``[0, num_groups)``) its rank
+    among the entries with the same key, in index order (int32 ``[N]``), and the entries per key
+    (int32 ``[num_groups]``). With token-major assignment ids, the rank within an expert follows
+    token order."""
+    order = jnp.argsort(keys, stable=True)
+    counts = jnp.bincount(keys, length=num_groups).astype(jnp.int32)
+    starts = jnp.cumsum(counts) - counts
+    rank_sorted = jnp.arange(keys.shape[0], dtype=jnp.int32) - starts[keys[order]]
+    return jnp.zeros(keys.shape, jnp.int32).at[order].set(rank_sorted), counts
+
+
+def count_per_expert(ids: jax.Array, num_experts: int) -> jax.Array:
+    """Valid (non-DROPPED) assignments per expert, int32 ``[E]``."""
+    valid = ids >= 0
+    return jnp.zeros((num_experts,), jnp.int32).at[jnp.where(valid, ids, 0).reshape(-1)].add(
+        valid.reshape(-1).astype(jnp.int32)
+    )
+
+
 def _apply_capacity(ids: jax.Array, config: MoEConfig) -> jax.Array:
     """Replaces assignments past each expert's capacity by DROPPED, earliest tokens first."""
-    T, k = ids.shape
-    capacity = config.capacity(T)
-    flat = ids.reshape(-1)  # token-major, so sorted order within an expert is token order
-    order = jnp.argsort(flat, stable=True)
-    counts = jnp.bincount(flat, length=config.num_experts)
-    starts = jnp.cumsum(counts) - counts
-    rank_sorted = jnp.arange(T * k) - starts[flat[order]]
-    rank = jnp.zeros((T * k,), rank_sorted.dtype).at[order].set(rank_sorted)
-    return jnp.where(rank < capacity, flat, DROPPED).reshape(T, k).astype(jnp.int32)
+    flat = ids.reshape(-1)
+    rank, _ = rank_in_group(flat, config.num_experts)
+    kept = jnp.where(rank < config.capacity(ids.shape[0]), flat, DROPPED)
+    return kept.reshape(ids.shape).astype(jnp.int32)
 
 
 def route(x2d: jax.Array, router: jax.Array, router_bias: jax.Array | None,
@@ -98,11 +113,8 @@ def route(x2d: jax.Array, router: jax.Array, router_bias: jax.Array | None,
         kept_ids = _apply_capacity(ids, config)
     else:
         kept_ids = ids
-    valid = kept_ids >= 0
-    expert_counts = jnp.zeros((config.num_experts,), jnp.int32).at[
-        jnp.where(valid, kept_ids, 0).reshape(-1)
-    ].add(valid.reshape(-1).astype(jnp.int32))
-    dropped = (~valid).sum().astype(jnp.int32)
+    expert_counts = count_per_expert(kept_ids, config.num_experts)
+    dropped = (kept_ids < 0).sum().astype(jnp.int32)
     routing = Routing(kept_ids, weights, logits, scores, expert_counts, dropped)
     return routing, ids
 

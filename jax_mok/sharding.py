@@ -53,7 +53,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams
-from jax_mok.routing import DROPPED, Routing, route
+from jax_mok.routing import DROPPED, Routing, count_per_expert, rank_in_group, route
 
 TRANSPORTS = ("xla", "peer", "auto")
 _WARNED: set[str] = set()
@@ -338,21 +338,13 @@ def _global_capacity(ids: jax.Array, config: MoEConfig, token_axes: tuple[str, .
     Assignments are ranked per expert in global token order: the count of earlier devices
     (all-gathered, ``E`` ints each) plus the rank among this device's assignments.
     """
-    T, k = ids.shape
-    E = config.num_experts
-    capacity = config.capacity(tokens_global)
     flat = ids.reshape(-1)  # token-major: rank within an expert follows token order
-    counts = jnp.bincount(flat, length=E).astype(jnp.int32)
+    rank, counts = rank_in_group(flat, config.num_experts)
     all_counts = jax.lax.all_gather(counts, token_axes)  # [D, E]
     me = jax.lax.axis_index(token_axes)
-    before = jnp.cumsum(all_counts, axis=0) - all_counts  # exclusive prefix over devices
-    offset = before[me]  # [E]
-    order = jnp.argsort(flat, stable=True)
-    starts = jnp.cumsum(counts) - counts
-    rank_sorted = jnp.arange(T * k, dtype=jnp.int32) - starts[flat[order]]
-    rank = jnp.zeros((T * k,), jnp.int32).at[order].set(rank_sorted)
-    keep = offset[flat] + rank < capacity
-    return jnp.where(keep, flat, DROPPED).reshape(T, k).astype(jnp.int32)
+    offset = (jnp.cumsum(all_counts, axis=0) - all_counts)[me]  # earlier devices' counts [E]
+    keep = offset[flat] + rank < config.capacity(tokens_global)
+    return jnp.where(keep, flat, DROPPED).reshape(ids.shape).astype(jnp.int32)
 
 
 def _dispatch_indices(ids: jax.Array, ep: int, experts_local: int, rows: int):
@@ -392,10 +384,7 @@ def _local_aux(routing: Routing, routed_ids: jax.Array, config: MoEConfig,
     lbl = E * jnp.sum(jax.lax.stop_gradient(f) * P)
     z = jax.lax.psum(jnp.sum(jax.nn.logsumexp(routing.logits, axis=-1) ** 2),
                      token_axes) / tokens_global
-    valid = routing.topk_ids >= 0
-    counts = jnp.zeros((E,), jnp.int32).at[
-        jnp.where(valid, routing.topk_ids, 0).reshape(-1)
-    ].add(valid.reshape(-1).astype(jnp.int32))
+    counts = count_per_expert(routing.topk_ids, E)
     return {
         "load_balancing_loss": lbl,
         "router_z_loss": z,
