@@ -58,9 +58,7 @@ def main(argv=None) -> dict:
     (_, (y_single, aux_single)), g_single = jax.jit(step)(x, params)
     print(f"single device: dropped {int(aux_single['dropped_tokens'])} assignments")
 
-    def rel(a, b):
-        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
-        return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+    rel = jax_mok.testing.rel_error
 
     results = {}
     for ep in args.ep:

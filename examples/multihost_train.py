@@ -69,15 +69,13 @@ def launch(args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace) -> None:
     import jax
 
+    jax.config.update("jax_num_cpu_devices", args.cpu_devices)
     if args.num_processes > 1:
         # CPU collectives across processes go over gloo; GPUs use NCCL and ignore this.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
         jax.distributed.initialize(coordinator_address=args.coordinator,
                                    num_processes=args.num_processes,
                                    process_id=args.process_id)
-    else:
-        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
 
     import numpy as np
     import optax
