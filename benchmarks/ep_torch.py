@@ -402,27 +402,36 @@ def b3_compute(rows, local_ids, w_gate_up, w_down):
     return routed_experts(rows, local_ids[:, None], ones, w_gate_up, w_down)
 
 
-def debug_loop_compute(rows, local_ids, w_gate_up, w_down):
-    """DEBUG PATH, CPU only (never on the GPU): one matmul pair per local expert, for torch builds
-    whose ``torch._grouped_mm`` cannot run on the CPU. Same math as ``b3_compute``."""
+def _per_expert_loop(rows, expert, w_gate_up, w_down):
+    """One matmul pair per expert: ``(order, out)`` with ``order`` grouping the rows by
+    ``expert`` (stable) and ``out[i]`` the SwiGLU expert output of ``rows[order[i]]`` (None when
+    no row is routed). Shared by the CPU debug path and the float32 check reference."""
     import torch
     import torch.nn.functional as nnf
 
-    if rows.device.type != "cpu":
-        raise RuntimeError("debug_loop_compute is a CPU debug path")
     F = w_down.shape[1]
-    order = torch.argsort(local_ids, stable=True)
-    counts = torch.bincount(local_ids, minlength=w_gate_up.shape[0]).tolist()
+    order = torch.argsort(expert, stable=True)
     pieces, start = [], 0
-    for e, count in enumerate(counts):
+    for e, count in enumerate(torch.bincount(expert, minlength=w_gate_up.shape[0]).tolist()):
         if count:
             h = rows.index_select(0, order[start : start + count]) @ w_gate_up[e]
             pieces.append((nnf.silu(h[:, :F]) * h[:, F:]) @ w_down[e])
             start += count
-    if not pieces:
+    return order, (torch.cat(pieces) if pieces else None)
+
+
+def debug_loop_compute(rows, local_ids, w_gate_up, w_down):
+    """DEBUG PATH, CPU only (never on the GPU): one matmul pair per local expert, for torch builds
+    whose ``torch._grouped_mm`` cannot run on the CPU. Same math as ``b3_compute``."""
+    import torch
+
+    if rows.device.type != "cpu":
+        raise RuntimeError("debug_loop_compute is a CPU debug path")
+    order, out = _per_expert_loop(rows, local_ids, w_gate_up, w_down)
+    if out is None:
         return rows * 0
-    out = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device)
-    return out.index_add(0, order, torch.cat(pieces).float()).to(rows.dtype)
+    back = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device)
+    return back.index_add(0, order, out.float()).to(rows.dtype)
 
 
 def ep_layer(x, topk_weights, w_gate_up, w_down, plan: Plan, exchange, compute):
@@ -448,35 +457,27 @@ class Reference:
     time (a chunk's weights arrive, its contributions and weight gradients are computed, the
     chunk is dropped), so rank 0 never holds every expert at once."""
 
-    def __init__(self, x, ids, topk_weights, dy, ffn: int):
+    def __init__(self, x, ids, topk_weights, dy):
         import torch
 
         self.x = x.float().requires_grad_(True)
         self.tw = topk_weights.float().requires_grad_(True)
-        self.ids, self.dy, self.ffn = ids, dy.float(), ffn
+        self.ids, self.dy = ids, dy.float()
         self.y = torch.zeros(self.x.shape, dtype=torch.float32, device=x.device)
         self.sq = {"d_w_gate_up": [0.0, 0.0], "d_w_down": [0.0, 0.0]}  # [|got-ref|^2, |ref|^2]
 
     def add(self, first: int, w_gate_up, w_down, d_w_gate_up, d_w_down) -> None:
         """Experts ``first .. first + len(w_gate_up) - 1`` (global ids) with the EP gradients."""
         import torch
-        import torch.nn.functional as nnf
 
         gu = w_gate_up.float().requires_grad_(True)
         dn = w_down.float().requires_grad_(True)
         n = gu.shape[0]
         tok, slot = ((self.ids >= first) & (self.ids < first + n)).nonzero(as_tuple=True)
         if tok.numel():
-            e = self.ids[tok, slot] - first
-            order = torch.argsort(e, stable=True)
+            order, out = _per_expert_loop(self.x[tok], self.ids[tok, slot] - first, gu, dn)
             tok, slot = tok[order], slot[order]
-            pieces, start = [], 0
-            for j, count in enumerate(torch.bincount(e, minlength=n).tolist()):
-                if count:
-                    h = self.x.index_select(0, tok[start : start + count]) @ gu[j]
-                    pieces.append((nnf.silu(h[:, : self.ffn]) * h[:, self.ffn :]) @ dn[j])
-                    start += count
-            contrib = torch.cat(pieces) * self.tw[tok, slot][:, None]
+            contrib = out * self.tw[tok, slot][:, None]
             y = torch.zeros_like(self.y).index_add(0, tok, contrib)
             self.y += y.detach()
             (y * self.dy).sum().backward()
@@ -677,7 +678,7 @@ class Rank:
         got = [self.gather_cat(t[:n]) for t in (y, dx, dtw)]
         inputs = [self.gather_cat(t[:n]) for t in (s.x, s.ids, s.tw, dy)]
         del y, dx, dtw
-        ref = Reference(*inputs, ffn) if self.rank == 0 else None
+        ref = Reference(*inputs) if self.rank == 0 else None
         e_local = experts // self.world
         # bytes per expert on rank 0: bf16 weights + grads, float32 copies + grads (12 bytes an
         # element of the 3·H·F), twice that for the temporaries; chunks of about 2 GiB
@@ -915,6 +916,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _emit(sink, records: dict, index: int, rec: dict) -> None:
+    """Keeps, appends (flushed) and prints one config's record."""
+    records[index] = rec
+    sink.write(json.dumps(rec) + "\n")
+    sink.flush()
+    _say(json.dumps(rec))
+
+
 def _run_workers(
     args, world: int, todo: list[Config], t0: float, machine: dict, sink, records: dict
 ) -> tuple[str | None, bool]:
@@ -939,10 +948,7 @@ def _run_workers(
     def handle(msg) -> None:
         if msg[0] == "record":
             _, index, rec = msg
-            records[index] = rec
-            sink.write(json.dumps(rec) + "\n")
-            sink.flush()
-            _say(json.dumps(rec))
+            _emit(sink, records, index, rec)
         elif msg[0] == "fatal":
             failures.append(msg[3])
             at_startup.append(msg[2] is None)
@@ -1008,10 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def write(cfg: Config, extra: dict) -> None:
             rec = _base_record(args, cfg, world, torch.__version__) | machine | extra
-            records[cfg.index] = rec
-            sink.write(json.dumps(rec) + "\n")
-            sink.flush()
-            _say(json.dumps(rec))
+            _emit(sink, records, cfg.index, rec)
 
         while todo:
             failure, startup = _run_workers(args, world, todo, t0, machine, sink, records)
