@@ -16,6 +16,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   struct Buffers {
     Routing r;
     const T* h;      // [P, 2F] gate/up pre-activations (saved by the forward, or recomputed)
+    T* h_scratch;    // where the recompute writes h (nullptr when saved)
     T* dh;           // [P, 2F]
     T* aw;           // [P, F]  w · a
     T* dx_part;      // [P, H]
@@ -23,7 +24,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   } b;
   auto layout = [&](Carve& c) {
     b.r = CarveRouting(c, pr, ids);
-    b.h = h_saved ? h_saved : c.take<T>(TK * 2 * F);
+    b.h_scratch = h_saved ? nullptr : c.take<T>(TK * 2 * F);
+    b.h = h_saved ? h_saved : b.h_scratch;
     b.dh = c.take<T>(TK * 2 * F);
     b.aw = c.take<T>(TK * F);
     b.dx_part = c.take<T>(TK * H);
@@ -44,7 +46,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
     g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
     g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
     g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
-    g1.out = const_cast<T*>(b.h), g1.ldo = 2 * F;
+    g1.out = b.h_scratch, g1.ldo = 2 * F;
     MOK_RETURN_IF_ERROR(
         Stage("gate/up GEMM (recompute)",
               LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream), stream));

@@ -83,13 +83,17 @@ struct TileCols {
 // problem (zero-filled). `r` is the tile row and `k0` the absolute K of the chunk's first element.
 template <class T, Mode kMode, int BN>
 struct Operands {
+  // Element `col` of the operand row at position `pos` (row gather[pos], or pos without gather).
+  __device__ __forceinline__ static const T* row_at(const void* base, const int* gather, int64_t ld,
+                                                    int pos, int col) {
+    const int64_t row = gather ? gather[pos] : pos;
+    return static_cast<const T*>(base) + row * ld + col;
+  }
   // A, routed-M: tile rows are positions (row0 + r), chunks run along K.
   __device__ __forceinline__ static const T* a_routed(const GemmParams& p, int row0, int rows,
                                                       int r, int k) {
     if (r >= rows || k >= p.K) return nullptr;
-    const int pos = row0 + r;
-    const int64_t row = p.a_gather ? p.a_gather[pos] : pos;
-    return static_cast<const T*>(p.a) + row * p.lda + k;
+    return row_at(p.a, p.a_gather, p.lda, row0 + r, k);
   }
   // B, routed-M, for tile column c and absolute k.
   __device__ __forceinline__ static const T* b_routed(const GemmParams& p, int e, int n_tile, int c,
@@ -106,16 +110,12 @@ struct Operands {
   __device__ __forceinline__ static const T* a_wgrad(const GemmParams& p, int off, int count,
                                                      int kk, int m) {
     if (kk >= count || m >= p.M) return nullptr;
-    const int pos = off + kk;
-    const int64_t row = p.a_gather ? p.a_gather[pos] : pos;
-    return static_cast<const T*>(p.a) + row * p.lda + m;
+    return row_at(p.a, p.a_gather, p.lda, off + kk, m);
   }
   __device__ __forceinline__ static const T* b_wgrad(const GemmParams& p, int off, int count,
                                                      int kk, int n) {
     if (kk >= count || n >= p.N) return nullptr;
-    const int pos = off + kk;
-    const int64_t row = p.b_gather ? p.b_gather[pos] : pos;
-    return static_cast<const T*>(p.b) + row * p.ldb + n;
+    return row_at(p.b, p.b_gather, p.ldb, off + kk, n);
   }
 };
 
