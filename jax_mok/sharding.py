@@ -72,13 +72,23 @@ def _default_transport() -> str:
     return value
 
 
-def _resolve_auto(plan: ExpertParallel) -> ExpertParallel:
-    """transport "auto" -> "peer" where available, else "xla" (warning once per reason)."""
-    if plan.transport != "auto":
+def _resolve_transport(plan: ExpertParallel) -> ExpertParallel:
+    """The plan with transport "xla" or "peer", asking for peer availability once: "auto" ->
+    "peer" where available, else "xla" (warning once per reason); "peer" where unavailable ->
+    NotImplementedError naming the reason."""
+    if plan.transport == "xla":
         return plan
     from jax_mok import workspace
 
     available, reason = workspace.peer_transport_available(plan.mesh, plan.expert_axis)
+    if plan.transport == "peer":
+        if not available:
+            # Only where every device of the expert axis is an NVLink peer with the CUDA build
+            # (docs/peer-transport.md).
+            raise NotImplementedError(
+                f"transport='peer' is not available here: {reason}; use transport='xla'"
+            )
+        return plan
     if not available and reason not in _WARNED:
         import warnings
 
@@ -403,20 +413,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
     from jax_mok import api  # api imports this module lazily; keep the cycle one-way at import
 
     config = params.config
-    plan = _resolve_auto(plan)
-    if plan.transport == "peer":
-        # Only where every device of the expert axis is an NVLink peer with the CUDA build;
-        # elsewhere the same NotImplementedError as before (docs/peer-transport.md).
-        from jax_mok import workspace
-
-        available, reason = workspace.peer_transport_available(plan.mesh, plan.expert_axis)
-        if not available:
-            raise NotImplementedError(
-                f"transport='peer' is not available here: {reason}; use transport='xla'")
-    elif plan.transport != "xla":
-        raise NotImplementedError(
-            f"transport={plan.transport!r} is not built yet; use transport='xla'"
-        )
+    plan = _resolve_transport(plan)
     ep = plan.ep_size
     E = config.num_experts
     if E % ep:
@@ -443,7 +440,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
     axis = plan.expert_axis
     dtype = x.dtype
     peer_workspace = None
-    if plan.transport == "peer":  # NOT yet run on a GPU (2026-11-29)
+    if plan.transport == "peer":  # run on 2 x H200 (2026-11-29; docs/peer-transport.md)
         from jax_mok import peer, workspace
 
         spec = workspace.WorkspaceSpec.for_call(config, tokens_local, tokens_global, ep, dtype)
