@@ -119,21 +119,26 @@ def route(x2d: jax.Array, router: jax.Array, router_bias: jax.Array | None,
     return routing, ids
 
 
-def aux_losses(routing: Routing, routed_ids: jax.Array, config: MoEConfig) -> dict:
+def aux_losses(routing: Routing, routed_ids: jax.Array, config: MoEConfig, *,
+               reduce=None, num_tokens: int | None = None) -> dict:
     """``load_balancing_loss = E * sum_e f_e * P_e`` and ``router_z_loss``.
 
     ``f_e`` is the share of the T*k routing decisions (before capacity drops) that chose e;
     ``P_e`` the mean score of e over tokens. ``router_z_loss = mean(logsumexp(logits)^2)``.
+    With the tokens sharded (expert parallelism), ``reduce`` sums a per-shard value over the
+    shards (a ``psum`` over the token axes) and ``num_tokens`` is the global token count.
     """
     T, k = routed_ids.shape
     E = config.num_experts
-    f = jnp.zeros((E,), jnp.float32).at[routed_ids.reshape(-1)].add(1.0) / (T * k)
-    P = routing.scores.mean(0)
+    reduce = reduce or (lambda v: v)
+    num_tokens = num_tokens or T
+    f = reduce(jnp.zeros((E,), jnp.float32).at[routed_ids.reshape(-1)].add(1.0)) / (num_tokens * k)
+    P = reduce(routing.scores.sum(0)) / num_tokens
     lbl = E * jnp.sum(jax.lax.stop_gradient(f) * P)
-    z = jnp.mean(jax.nn.logsumexp(routing.logits, axis=-1) ** 2)
+    z = reduce(jnp.sum(jax.nn.logsumexp(routing.logits, axis=-1) ** 2)) / num_tokens
     return {
         "load_balancing_loss": lbl,
         "router_z_loss": z,
-        "expert_counts": routing.expert_counts,
-        "dropped_tokens": routing.dropped,
+        "expert_counts": reduce(routing.expert_counts),
+        "dropped_tokens": reduce(routing.dropped),
     }

@@ -53,7 +53,14 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams
-from jax_mok.routing import DROPPED, Routing, count_per_expert, rank_in_group, route
+from jax_mok.routing import (
+    DROPPED,
+    Routing,
+    aux_losses,
+    count_per_expert,
+    rank_in_group,
+    route,
+)
 
 TRANSPORTS = ("xla", "peer", "auto")
 _WARNED: set[str] = set()
@@ -384,25 +391,6 @@ def _dispatch_indices(ids: jax.Array, ep: int, experts_local: int, rows: int):
     return dest_of_slot, sent, row, source_token, overflow
 
 
-def _local_aux(routing: Routing, routed_ids: jax.Array, config: MoEConfig,
-               token_axes: tuple[str, ...], tokens_global: int, dropped: jax.Array) -> dict:
-    """The aux values of :func:`jax_mok.routing.aux_losses`, reduced over all token shards."""
-    E, k = config.num_experts, config.top_k
-    routed_counts = jnp.zeros((E,), jnp.float32).at[routed_ids.reshape(-1)].add(1.0)
-    f = jax.lax.psum(routed_counts, token_axes) / (tokens_global * k)
-    P = jax.lax.psum(routing.scores.sum(0), token_axes) / tokens_global
-    lbl = E * jnp.sum(jax.lax.stop_gradient(f) * P)
-    z = jax.lax.psum(jnp.sum(jax.nn.logsumexp(routing.logits, axis=-1) ** 2),
-                     token_axes) / tokens_global
-    counts = count_per_expert(routing.topk_ids, E)
-    return {
-        "load_balancing_loss": lbl,
-        "router_z_loss": z,
-        "expert_counts": jax.lax.psum(counts, token_axes),
-        "dropped_tokens": jax.lax.psum(dropped, token_axes),
-    }
-
-
 def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *,
                         return_aux: bool = False, implementation: str = "ffi"):
     """``jax_mok.moe`` partitioned over ``plan.mesh``; same results as the single-device call.
@@ -494,9 +482,10 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         if not return_aux:
             return y, None
         dropped = jnp.sum(ids < 0).astype(jnp.int32) + overflow
-        kept = Routing(jnp.where(ids >= 0, ids, DROPPED), routing.topk_weights,
-                       routing.logits, routing.scores, routing.expert_counts, dropped)
-        return y, _local_aux(kept, routed_ids, config, token_axes, tokens_global, dropped)
+        kept = Routing(ids, routing.topk_weights, routing.logits, routing.scores,
+                       count_per_expert(ids, config.num_experts), dropped)
+        return y, aux_losses(kept, routed_ids, config, num_tokens=tokens_global,
+                             reduce=lambda v: jax.lax.psum(v, token_axes))
 
     tokens_spec = PartitionSpec(token_axes, None)
     experts_spec = PartitionSpec(axis, None, None)
