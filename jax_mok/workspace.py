@@ -120,7 +120,7 @@ def fingerprint(spec: WorkspaceSpec, config=None, mesh_shape=None, axis: str | N
     """What every rank of a group must agree on, as a JSON-able dict."""
     fp = {"spec": dataclasses.asdict(spec), "total_bytes": spec.total_bytes}
     if config is not None:
-        fp["config"] = {k: v for k, v in dataclasses.asdict(config).items()}
+        fp["config"] = dataclasses.asdict(config)
     if mesh_shape is not None:
         fp["mesh_shape"] = {str(k): int(v) for k, v in dict(mesh_shape).items()}
     if axis is not None:

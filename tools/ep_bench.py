@@ -26,7 +26,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mok
+from benchmarks import problems
 from jax_mok import peer, sharding, testing, workspace
+from jax_mok.routing import route
 
 _REPS = 10
 
@@ -176,6 +178,10 @@ def main() -> None:
                     jax.random.normal(jax.random.key(1), (ep * tokens, shape.hidden), jnp.bfloat16),
                     NamedSharding(mesh, P("expert")),
                 )
+                # The routing this config measures, comparable with B5's (benchmarks.ep_torch):
+                # the share of assignments that go to the hot 10 % of the experts.
+                ids = route(x, p.router, p.router_bias, config)[0].topk_ids
+                record["hot_share"] = problems.hot_share(np.asarray(ids), experts)
                 for transport, (fwd, grad) in programs.items():
                     try:
                         record[f"{transport}_fwd_ms"] = _median_ms(fwd, x, p)
