@@ -1,15 +1,42 @@
 """Expert-parallel timing hook (issue 5): transport "xla" (B4) vs "peer" on one host's GPUs.
 
     python3 tools/ep_bench.py --out OUT/ep.jsonl [--shapes S1,S2] [--tokens 4096,8192,16384]
+        [--expert-scale 1] [--reps 10] [--inner 20] [--budget-s S] [--platform gpu]
+    python3 tools/ep_table.py OUT/ep.jsonl [OUT/ep_torch.jsonl]   # the markdown table
 
-Per (shape, tokens per GPU, routing): forward and forward+backward median ms of ``jax_mok.moe``
-on a 1-D ``("expert",)`` mesh over every local GPU, per transport; plus the exchange alone
-(``peer.dispatch`` vs ``lax.all_to_all`` of the same ``[EP, R, H]`` rows) with GB/s per direction.
-Experts are scaled down (``--expert-scale``) when the weights would not fit; the record says so.
-Also the compute alone (``compute_only_*``: one GPU, E/ep experts, no exchange) for the overlap
-figure layer / max(compute-only, communication-only). Configs run token-major (the first token
-count for every shape first); ``--budget-s`` records what is left as skipped.
-Status: run on 2 x H200 on 2026-11-29 (BENCHMARKS.md, expert-parallel table).
+Per (shape, tokens per GPU, routing): forward and forward+backward (``jax.grad`` of the sum) of
+``jax_mok.moe`` on a 1-D ``("expert",)`` mesh over every local GPU, per transport; plus, for the
+balanced routing, the exchange alone (``peer.dispatch`` vs ``lax.all_to_all`` of the same
+``[EP, R, H]`` rows, ``[EP, R, k]`` ids and weights) with GB/s per direction, and the compute
+alone (``compute_only_*``: one GPU, E/ep experts, the same tokens, no exchange). Experts are
+scaled down (``--expert-scale``) when the weights would not fit; the record says so.
+
+Two figures per program, each the median of ``--reps`` timed calls after 2 untimed ones:
+
+- ``*_call_ms``: wall time (perf_counter) of one call of the program, up to
+  ``block_until_ready``: includes the host's dispatch (~0.1-0.5 ms). Records without ``inner``
+  (older runs) hold only this figure, under the names ``*_ms`` and ``exchange.peer`` / ``.xla``.
+- ``*_ms``: wall time of one call of a program running the body ``--inner`` times (a
+  ``fori_loop``), divided by ``--inner``: the per-iteration device time plus 1/inner of one
+  dispatch. Iteration ``i + 1`` takes an input that XLA must compute from iteration ``i``'s
+  output but that keeps its value (layer: ``x + 0 * y``, one elementwise pass over ``[T, H]``,
+  ~1 % of a layer; exchange: each operand's first element taken from the previous output, per
+  device), and the last output is returned whole: no iteration can be hoisted, merged or dropped,
+  and no gradient is dead. (An ``optimization_barrier`` does not do this: XLA removes it, then the
+  unused outputs.)
+
+``overlap`` = ``peer_fwd_ms / max(compute_only_fwd_ms, 2 * exchange.peer_ms)`` (``xla_overlap``
+with B4 and the all_to_all): a forward exchanges its rows twice (dispatch, then combine; the
+combine carries no ids / weights, so ``2 * exchange`` slightly overstates the communication).
+1.0 would be communication and compute fully overlapped with no glue (routing, packing, the
+combine's reduction); running them one after the other gives about
+(compute + 2 * exchange + glue) / max(...). Balanced records only. The glue alone is not measured
+(it would need an identity exchange inside ``jax_mok.sharding``). Every iteration reads the same
+inputs (B5 rotates two token sets so that the L2 cannot hold them).
+
+Configs run token-major (the first token count for every shape first); ``--budget-s`` records
+what is left as skipped. Status: run on 2 x H200 on 2026-11-29 with per-call timings only
+(BENCHMARKS.md, expert-parallel table); ``--inner`` not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -31,41 +58,92 @@ from jax_mok import peer, sharding, testing, workspace
 from jax_mok.routing import route
 
 _REPS = 10
+_INNER = 20
 
 
 def _median_ms(fn, *args) -> float:
-    reps = _REPS
+    """Median wall ms of one call of ``fn(*args)`` up to ``block_until_ready``."""
     for _ in range(2):
         jax.block_until_ready(fn(*args))
     times = []
-    for _ in range(reps):
+    for _ in range(_REPS):
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     return 1e3 * float(np.median(times))
 
 
-def _exchange_ms(mesh, ep: int, rows: int, hidden: int, k: int, ws: int) -> dict:
-    """The dispatch exchange alone: peer kernel vs XLA all_to_all, same bytes."""
+def _same_x(x, out):
+    """``x + 0 * y`` with ``y`` the output's first leaf (``x``'s shape and sharding): the value
+    of ``x``, but XLA cannot tell (floats: ``0 * y`` is not folded). One elementwise pass."""
+    return x + 0 * jax.tree.leaves(out)[0]
+
+
+def _first_elements(xs, outs):
+    """Each leaf of ``xs`` with its first element set from the same leaf of ``outs`` (the
+    exchange sends constants, so the values stay the same). Per device: inside the shard_map."""
+    corner = lambda a: jax.lax.slice(a, (0,) * a.ndim, (1,) * a.ndim)
+    return tuple(
+        jax.lax.dynamic_update_slice(x, corner(o), (0,) * x.ndim)
+        for x, o in zip(xs, outs, strict=True)
+    )
+
+
+def _repeated(body, feedback, n: int):
+    """``body(x, *rest)`` ``n`` times in one program (a ``fori_loop``). Call ``i + 1`` takes
+    ``feedback(x_i, out_i)``, so it depends on call ``i``'s output and no call can be hoisted,
+    merged or dropped; the last output is returned, so none of its leaves (e.g. the weight
+    gradients) is dead."""
+
+    def run(x, *rest):
+        def step(_, carry):
+            x = feedback(*carry)
+            return x, body(x, *rest)
+
+        return jax.lax.fori_loop(0, n - 1, step, (x, body(x, *rest)))
+
+    return run
+
+
+def _programs(body, feedback=_same_x, wrap=lambda f: f) -> tuple:
+    """(one call, ``_INNER`` calls in one program) of ``wrap(body)``, jitted once."""
+    return jax.jit(wrap(body)), jax.jit(wrap(_repeated(body, feedback, _INNER)))
+
+
+def _time(out: dict, key: str, programs: tuple, *args) -> None:
+    """``out[key + "_call_ms"]`` and ``out[key + "_ms"]`` (per in-program iteration)."""
+    once, looped = programs
+    out[f"{key}_call_ms"] = _median_ms(once, *args)
+    out[f"{key}_ms"] = _median_ms(looped, *args) / _INNER
+
+
+def _exchange_ms(mesh, ep: int, rows: int, hidden: int, k: int, ws: int | None) -> dict:
+    """The dispatch exchange alone: XLA all_to_all and (``ws`` given) the peer kernel, same
+    bytes. ``*_GBps`` from the in-program ``*_ms``."""
     spec = P("expert")
-    x = jax.device_put(jnp.ones((ep * ep, rows, hidden), jnp.bfloat16), NamedSharding(mesh, spec))
-    ids = jax.device_put(jnp.zeros((ep * ep, rows, k), jnp.int32), NamedSharding(mesh, spec))
-    w = jax.device_put(jnp.zeros((ep * ep, rows, k), jnp.float32), NamedSharding(mesh, spec))
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))
+    x = put(jnp.ones((ep * ep, rows, hidden), jnp.bfloat16))
+    ids = put(jnp.zeros((ep * ep, rows, k), jnp.int32))
+    w = put(jnp.zeros((ep * ep, rows, k), jnp.float32))
 
-    def peer_fn(a, b, c):
-        return peer.dispatch(a, b, c, ws)
+    def xla_fn(abc):
+        return tuple(jax.lax.all_to_all(v, "expert", 0, 0, tiled=True) for v in abc)
 
-    def xla_fn(a, b, c):
-        return tuple(jax.lax.all_to_all(v, "expert", 0, 0, tiled=True) for v in (a, b, c))
+    def peer_fn(abc):
+        return peer.dispatch(*abc, ws)
 
-    out = {}
-    for name, fn in (("peer", peer_fn), ("xla", xla_fn)):
-        mapped = jax.jit(sharding._shard_map(fn, mesh, (spec,) * 3, (spec,) * 3))
-        out[name] = _median_ms(mapped, x, ids, w)
+    fns = {"xla": xla_fn} if ws is None else {"peer": peer_fn, "xla": xla_fn}
     sent = (ep - 1) * rows * (hidden * 2 + 8 * k)  # bytes each GPU sends off-device
-    out["bytes_per_direction"] = sent
-    out.update({f"{n}_GBps": sent / (out[n] * 1e-3) / 1e9 for n in ("peer", "xla")})
+    out = {"bytes_per_direction": sent}
+    wrap = lambda f: sharding._shard_map(f, mesh, (spec,), spec)  # the loop runs per device
+    for name, fn in fns.items():
+        _time(out, name, _programs(fn, _first_elements, wrap), (x, ids, w))
+        out[f"{name}_GBps"] = sent / (out[f"{name}_ms"] * 1e-3) / 1e9
     return out
+
+
+def _loss(layer):
+    return jax.grad(lambda x, p: jnp.sum(layer(x, p).astype(jnp.float32)), argnums=(0, 1))
 
 
 def _compute_only_ms(config, tokens: int, ep: int, device) -> dict:
@@ -74,19 +152,24 @@ def _compute_only_ms(config, tokens: int, ep: int, device) -> dict:
     ``tokens * k`` assignments on average), no exchange. The denominator of the overlap figure
     together with the exchange time."""
     local = dataclasses.replace(config, num_experts=max(config.top_k, config.num_experts // ep))
+    out: dict = {}
     with jax.default_device(device):
         params = jax_mok.init_params(jax.random.key(2), local)
         x = jax.random.normal(jax.random.key(3), (tokens, config.hidden_size), jnp.bfloat16)
-        fwd = jax.jit(lambda x, p: jax_mok.moe(x, p))
-        grad = jax.jit(
-            jax.grad(lambda x, p: jnp.sum(jax_mok.moe(x, p).astype(jnp.float32)), argnums=(0, 1))
-        )
-        out = {
-            "compute_only_fwd_ms": _median_ms(fwd, x, params),
-            "compute_only_fwd_bwd_ms": _median_ms(grad, x, params),
-        }
+        layer = jax_mok.moe
+        _time(out, "compute_only_fwd", _programs(layer), x, params)
+        _time(out, "compute_only_fwd_bwd", _programs(_loss(layer)), x, params)
     del params, x
     return out
+
+
+def _overlap(record: dict) -> None:
+    """``overlap`` (peer) and ``xla_overlap``: layer fwd / max(compute alone, 2 exchanges)."""
+    ex, compute = record.get("exchange", {}), record.get("compute_only_fwd_ms")
+    for transport, key in (("peer", "overlap"), ("xla", "xla_overlap")):
+        layer, exchange = record.get(f"{transport}_fwd_ms"), ex.get(f"{transport}_ms")
+        if layer and compute and exchange:
+            record[key] = layer / max(compute, 2 * exchange)
 
 
 def main() -> None:
@@ -101,7 +184,10 @@ def main() -> None:
         help="divide E by this (S2's 256 experts are 22.5 GB in bf16)",
     )
     ap.add_argument("--platform", default="gpu", help="cpu: a dry run of this script (xla only)")
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=10, help="timed calls per figure (median)")
+    ap.add_argument(
+        "--inner", type=int, default=20, help="iterations per program for the *_ms figures"
+    )
     ap.add_argument(
         "--budget-s",
         type=float,
@@ -109,8 +195,8 @@ def main() -> None:
         help="record the configs left as skipped once this many seconds have passed",
     )
     args = ap.parse_args()
-    global _REPS
-    _REPS = args.reps
+    global _REPS, _INNER
+    _REPS, _INNER = args.reps, max(1, args.inner)
     gpus = jax.devices(args.platform)
     mesh = jax.sharding.Mesh(np.array(gpus), ("expert",))
     ep = len(gpus)
@@ -122,12 +208,9 @@ def main() -> None:
         def layer(x, p):
             return jax_mok.moe(x, p, mesh=mesh, transport=t)
 
-        def loss(x, p):
-            return jnp.sum(layer(x, p).astype(jnp.float32))
+        return {"fwd": _programs(layer), "fwd_bwd": _programs(_loss(layer))}
 
-        return jax.jit(layer), jax.jit(jax.grad(loss, argnums=(0, 1)))
-
-    # One jitted program pair per transport: balanced and skewed share shapes and compile once.
+    # One jitted program set per transport: balanced and skewed share shapes and compile once.
     programs = {t: programs_for(t) for t in transports}
     from benchmarks.run import git_commit
 
@@ -165,6 +248,9 @@ def main() -> None:
                     "ep": ep,
                     "routing": routing,
                     "commit": commit,
+                    "reps": _REPS,
+                    "inner": _INNER,
+                    "platform": args.platform,
                 }
                 elapsed = time.perf_counter() - t_start
                 if elapsed > args.budget_s:
@@ -182,10 +268,10 @@ def main() -> None:
                 # the share of assignments that go to the hot 10 % of the experts.
                 ids = route(x, p.router, p.router_bias, config)[0].topk_ids
                 record["hot_share"] = problems.hot_share(np.asarray(ids), experts)
-                for transport, (fwd, grad) in programs.items():
-                    try:
-                        record[f"{transport}_fwd_ms"] = _median_ms(fwd, x, p)
-                        record[f"{transport}_fwd_bwd_ms"] = _median_ms(grad, x, p)
+                for transport, progs in programs.items():
+                    try:  # call figures first: a failing loop program still leaves them
+                        for what in ("fwd", "fwd_bwd"):
+                            _time(record, f"{transport}_{what}", progs[what], x, p)
                     except Exception as e:  # record and go on: one failure must not end it
                         record[f"{transport}_error"] = str(e)[:500]
                 if routing == "balanced":
@@ -193,14 +279,17 @@ def main() -> None:
                         record.update(_compute_only_ms(config, tokens, ep, gpus[0]))
                     except Exception as e:
                         record["compute_only_error"] = str(e)[:300]
-                if ok and routing == "balanced":
                     spec = workspace.WorkspaceSpec.for_call(
                         config, tokens, ep * tokens, ep, jnp.bfloat16
                     )
-                    ws = workspace.workspace_for(mesh, "expert", spec, config)
-                    record["exchange"] = _exchange_ms(
-                        mesh, ep, spec.rows, shape.hidden, shape.top_k, ws
-                    )
+                    ws = workspace.workspace_for(mesh, "expert", spec, config) if ok else None
+                    try:
+                        record["exchange"] = _exchange_ms(
+                            mesh, ep, spec.rows, shape.hidden, shape.top_k, ws
+                        )
+                    except Exception as e:
+                        record["exchange_error"] = str(e)[:300]
+                    _overlap(record)
                 emit(record)
 
 

@@ -5,6 +5,7 @@
 #   smoke: build, probe, exchange == all_to_all; tests: + multigpu tests; bench: build, probe,
 #   tools/ep_bench.py and B5 (benchmarks.ep_torch, PyTorch NCCL all_to_all_single + B3 compute;
 #   EP_B5=0 skips it, B5_TIMEOUT / B5_BUDGET_S bound it, B5_ARGS replaces EP_BENCH_ARGS for it);
+#   EP_INNER (20): in-program repetitions of each ep_bench timing; the EP table is printed last;
 #   full: everything (more than one 600-s device call: split it).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticast*.
 # The peer workspace lives outside XLA's pool: XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 leaves room.
@@ -103,7 +104,7 @@ TEST_RC=${PIPESTATUS[0]}
 fi
 
 step "EP benchmark (B4 = transport xla vs peer)"
-timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" \
+timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} \
   ${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1} 2>&1 | tail -30
 if [ "${EP_B5:-1}" != 0 ]; then
 step "B5 (PyTorch NCCL)"
@@ -111,6 +112,9 @@ timeout ${B5_TIMEOUT:-300} python3 -m benchmarks.ep_torch --out "$OUT/ep_torch.j
   --budget-s ${B5_BUDGET_S:-240} \
   ${B5_ARGS:-${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1}} 2>&1 | tail -40
 fi
+step "EP table"
+python3 tools/ep_table.py "$OUT/ep.jsonl" $([ -f "$OUT/ep_torch.jsonl" ] && echo "$OUT/ep_torch.jsonl") \
+  | tee "$OUT/ep_table.md"
 step "summary"
 [ -f "$OUT/tests_ep.log" ] && grep -E "passed|failed|error" "$OUT/tests_ep.log" | tail -3
 exit $TEST_RC
