@@ -194,6 +194,10 @@ def test_simt_oracle_matches_wgmma(monkeypatch):
 TMA_SWITCHES = [
     "JAX_MOK_CUDA_TMA",  # weight tiles by TMA (default; =0: every operand by cp.async)
     "JAX_MOK_CUDA_TMA_A",  # non-gathered activations by TMA too (default; =0: cp.async for A)
+    # x, dy gathered into expert order first; weight-gradient GEMMs by TMA (default; =0: the
+    # row-by-row cp.async gathers). Expert counts that are not multiples of 64 exercise the
+    # zeroed tail rows, H = 264 the zero fill past M / N.
+    "JAX_MOK_CUDA_TMA_WGRAD",
 ]
 
 

@@ -13,6 +13,9 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   const bool wgmma = UseWgmma(pr.dtype);
   const int bn = wgmma ? kWgmmaBN : kSimtBN;
   const int g_tiles = CeilDiv(F, bn);
+  // x and dy gathered once into expert order (moe.cuh: UseTmaWgrad): every later GEMM that
+  // reads them, and both operands of the weight-gradient GEMMs, then come by TMA.
+  const bool pregather = wgmma && UseTmaWgrad();
   struct Buffers {
     Routing r;
     const T* h;      // [P, 2F] gate/up pre-activations (saved by the forward, or recomputed)
@@ -21,6 +24,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
     T* aw;           // [P, F]  w · a
     T* dx_part;      // [P, H]
     float* dw_part;  // [P, g_tiles]
+    T* x_sorted;     // [P, H] x[sorted_token] (pregather only)
+    T* dy_sorted;    // [P, H] dy[sorted_token] (pregather only)
   } b;
   auto layout = [&](Carve& c) {
     b.r = CarveRouting(c, pr, ids);
@@ -30,6 +35,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
     b.aw = c.take<T>(TK * F);
     b.dx_part = c.take<T>(TK * H);
     b.dw_part = c.take<float>(TK * g_tiles);
+    b.x_sorted = pregather ? c.take<T>(TK * H) : nullptr;
+    b.dy_sorted = pregather ? c.take<T>(TK * H) : nullptr;
   };
   Carve probe;
   layout(probe);
@@ -40,6 +47,15 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   const Routing& r = b.r;
   ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
+  if (pregather) {
+    const int experts = static_cast<int>(pr.experts), hidden = static_cast<int>(H);
+    cudaError_t err = launch_gather<T>(x, r.sorted_token, r.expert_offset, experts, b.x_sorted,
+                                       hidden, dev.sms, stream);
+    if (err == cudaSuccess)
+      err = launch_gather<T>(dy, r.sorted_token, r.expert_offset, experts, b.dy_sorted, hidden,
+                             dev.sms, stream);
+    MOK_RETURN_IF_ERROR(Stage("gather x, dy into expert order", err, stream));
+  }
 
   if (!h_saved) {
     GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored in x's dtype)
@@ -54,7 +70,10 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
 
   GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
   g2.N = F, g2.K = H, g2.n_tiles = g_tiles;
-  g2.a = dy, g2.lda = H, g2.a_gather = r.sorted_token;
+  if (pregather)
+    g2.a = b.dy_sorted, g2.lda = H, g2.a_rows = TK;
+  else
+    g2.a = dy, g2.lda = H, g2.a_gather = r.sorted_token;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
   MOK_RETURN_IF_ERROR(
@@ -82,7 +101,11 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   GemmParams g4 = RoutedParams(r, w);  // dWd[e] = (w·a)^T dy[tok]    [F, H]
   g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, bn);
   g4.a = b.aw, g4.lda = F;
-  g4.b = dy, g4.ldb = H, g4.b_gather = r.sorted_token;
+  g4.a_rows = TK;  // rows of both operands (the TMA path's tensor maps)
+  if (pregather)
+    g4.b = b.dy_sorted, g4.ldb = H;
+  else
+    g4.b = dy, g4.ldb = H, g4.b_gather = r.sorted_token;
   g4.out = d_wd, g4.ldo = H;
   MOK_RETURN_IF_ERROR(
       Stage("dWd GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g4, wgmma, dev.sms, stream),
@@ -90,7 +113,11 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
 
   GemmParams g5 = RoutedParams(r, w);  // dWgu[e] = x[tok]^T dh          [H, 2F]
   g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, bn);
-  g5.a = x, g5.lda = H, g5.a_gather = r.sorted_token;
+  g5.a_rows = TK;
+  if (pregather)
+    g5.a = b.x_sorted, g5.lda = H;
+  else
+    g5.a = x, g5.lda = H, g5.a_gather = r.sorted_token;
   g5.b = b.dh, g5.ldb = 2 * F;
   g5.out = d_wgu, g5.ldo = 2 * F;
   MOK_RETURN_IF_ERROR(

@@ -41,6 +41,32 @@ static __global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
   d_w[idx] = s;
 }
 
+// The inverse direction, for the backward's weight-gradient GEMMs: out[pos, :] = src[token, :]
+// with token = sorted_token[pos], for the positions of routed assignments (pos < expert_offset[E];
+// later rows are left as they are: the routed-K mainloop zeroes every row past an expert's count).
+// One 16-byte vector per step; H is a multiple of 8 (checked by the handlers).
+template <class T>
+__global__ void gather_rows_kernel(const T* __restrict__ src, const int* __restrict__ sorted_token,
+                                   const int* __restrict__ expert_offset, int experts,
+                                   T* __restrict__ out, int hidden) {
+  const int64_t vecs = hidden * static_cast<int64_t>(sizeof(T)) / 16;
+  const int64_t total = static_cast<int64_t>(expert_offset[experts]) * vecs;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pos = i / vecs, v = i - pos * vecs;
+    reinterpret_cast<uint4*>(out + pos * hidden)[v] =
+        reinterpret_cast<const uint4*>(src + static_cast<int64_t>(sorted_token[pos]) * hidden)[v];
+  }
+}
+
+template <class T>
+cudaError_t launch_gather(const T* src, const int* sorted_token, const int* expert_offset,
+                          int experts, T* out, int hidden, int num_sms, cudaStream_t stream) {
+  gather_rows_kernel<T>
+      <<<num_sms * 4, 256, 0, stream>>>(src, sorted_token, expert_offset, experts, out, hidden);
+  return cudaGetLastError();
+}
+
 template <class T>
 cudaError_t launch_combine(const T* parts, const int* assign_pos, T* out, int tokens, int top_k,
                            int hidden, int num_sms, cudaStream_t stream) {

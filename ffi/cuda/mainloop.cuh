@@ -2,7 +2,9 @@
 //   warpgroup 0      producer: cp.async gathers routed rows / weight tiles into a STAGES-deep
 //                    ring of 128B-swizzled shared-memory tiles; arrival on `full[s]` is tied to
 //                    the copies' completion (cp.async.mbarrier.arrive.noinc). With kTma (default
-//                    for routed-M GEMMs), the weight tile comes by TMA (tensor map: tma.h).
+//                    for routed-M GEMMs), the weight tile comes by TMA (tensor map: tma.h);
+//                    with kTmaA, A as well and one thread drives the ring. Routed-K (weight
+//                    gradients) with kTmaA: both operands, already in expert order, by TMA.
 //   warpgroups 1, 2  consumers: wgmma 64×BN×16 each (CuTe SS atoms), then the fused epilogue
 //                    straight from registers, while the producer already fills the next tile.
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
@@ -16,11 +18,12 @@
 
 namespace mok::cuda {
 
-// kTma (routed-M only): the weight tile B arrives by TMA instead of cp.async.
+// kTma: the weight tile B arrives by TMA instead of cp.async; kTmaA: A as well (routed-K: only
+// both together, for operands already in expert order).
 template <Mode kMode, bool kTma = false, bool kTmaA = false>
 struct WgmmaConfig {
   static_assert(!kTmaA || kTma, "A by TMA implies B by TMA");
-  static_assert(!kTma || kMode != Mode::kRoutedK, "TMA feeds the weight operand of routed-M GEMMs");
+  static_assert(!kTma || kTmaA || kMode != Mode::kRoutedK, "routed-K: both operands by TMA");
   static constexpr int BM = kTileM, BN = 256, BK = 64, kStages = 4;
   static constexpr int kThreads = 384;
   static_assert(BN == kWgmmaBN, "handlers size n-tiles with kWgmmaBN");
@@ -33,10 +36,14 @@ struct WgmmaConfig {
   using Atom =
       std::conditional_t<kMajor == cute::GMMA::Major::K, cute::GMMA::Layout_K_SW128_Atom<Elem>,
                          cute::GMMA::Layout_MN_SW128_Atom<Elem>>;
+  // With TMA, an MN-major operand tiles K before MN so that each 64(mn)×64(k) box is 8 KB
+  // contiguous (routed-K A; B of routed-BN and routed-K).
+  using OrderA = std::conditional_t<kTmaA && kMajorA == cute::GMMA::Major::MN,
+                                    cute::Step<cute::_2, cute::_1, cute::_3>,
+                                    cute::Step<cute::_1, cute::_2, cute::_3>>;
   using SmemLayoutA = decltype(cute::tile_to_shape(
-      Atom<kMajorA>{},
-      cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{}));  // (BM,BK,STAGES)
-  // With TMA, an MN-major B tiles K before N so that each 64(n)×64(k) box is 8 KB contiguous.
+      Atom<kMajorA>{}, cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{},
+      OrderA{}));  // (BM,BK,STAGES)
   using OrderB = std::conditional_t<kTma && kMajorB == cute::GMMA::Major::MN,
                                     cute::Step<cute::_2, cute::_1, cute::_3>,
                                     cute::Step<cute::_1, cute::_2, cute::_3>>;
@@ -66,6 +73,29 @@ __device__ __forceinline__ uint32_t swizzled(int mn, int k) {
 }
 
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+
+// Routed-K by TMA: the last k-block of an expert holds `valid` < BK of its positions; the rows
+// after them (the next expert's positions) become zeros in both operands before the wgmma reads
+// them. In the K-before-MN layouts a position is one 128-byte line per 64×64 box (the 128B
+// swizzle permutes 16-byte chunks inside the line), so each zeroed row is whole lines. `c` is the
+// consumer thread (0..255); all 256 call this, then meet at a named barrier.
+template <int kBoxesA, int kBoxesB>
+__device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_b, int valid,
+                                               int c) {
+  const int rows = 64 - valid;
+  const int chunks = rows * 8 * (kBoxesA + kBoxesB);
+  for (int i = c; i < chunks; i += 256) {
+    const int chunk = i & 7, line = i >> 3;
+    const int box = line / rows, row = valid + line % rows;
+    const uint32_t base = box < kBoxesA ? stage_a + box * 8192 : stage_b + (box - kBoxesA) * 8192;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + row * 128 + chunk * 16),
+                 "r"(0)
+                 : "memory");
+  }
+  fence_proxy_async();  // generic-proxy stores, read by wgmma through the async proxy
+  consumer_sync();
+}
 
 // The producer warpgroup. Gathered row offsets of the current tile (routed-M) or k-block
 // (routed-K) go through shared memory once, then every 16-byte chunk is one cp.async.
@@ -113,8 +143,19 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
         const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
         const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
         mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesA + Cfg::kStageBytesB);
-        tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
-        tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
+        if constexpr (kMode == Mode::kRoutedK) {
+          // 64(mn) × 64(k) boxes at (column, position); the consumers zero the rows past k_len.
+          const int pos = w.k_off + k0;
+#pragma unroll
+          for (int j = 0; j < Cfg::BM / 64; ++j)
+            tma_load_2d(stage_a + j * 8192, &p.tmap_a, &full[stage], w.row0 + 64 * j, pos);
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j)
+            tma_load_2d(stage_b + j * 8192, &p.tmap_b, &full[stage], w.n_tile * BN + 64 * j, pos);
+        } else {
+          tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
+        }
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
@@ -273,6 +314,12 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       int prev = -1;
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
         mbar_wait(&full[stage], phase);
+        if constexpr (kMode == Mode::kRoutedK && kTmaA) {
+          if (w.k_len - k0 < BK)
+            zero_tail_rows<BM / 64, BN / 64>(smem_u32(ring_a) + stage * Cfg::kStageBytesA,
+                                             smem_u32(ring_b) + stage * Cfg::kStageBytesB,
+                                             w.k_len - k0, threadIdx.x - 128);
+        }
         fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads async
         warpgroup_fence_operand(acc);
         warpgroup_arrive();

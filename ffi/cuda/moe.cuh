@@ -47,15 +47,30 @@ inline bool UseTmaA() {
   return !(env && env[0] == '0');
 }
 
+// The weight-gradient (routed-K) GEMMs read x and dy gathered once into expert order, so that
+// both their operands come by TMA (default; needs JAX_MOK_CUDA_TMA on). JAX_MOK_CUDA_TMA_WGRAD=0
+// keeps the row-by-row cp.async gathers of both operands.
+inline bool UseTmaWgrad() {
+  const char* env = std::getenv("JAX_MOK_CUDA_TMA_WGRAD");
+  return UseTma() && !(env && env[0] == '0');
+}
+
 template <class T, Mode kMode, Epi kEpi>
 cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t stream) {
 #ifdef JAX_MOK_HAVE_CUTLASS
   if constexpr (std::is_same_v<T, bf16>) {
-    if constexpr (kMode != Mode::kRoutedK) {
+    if constexpr (kMode == Mode::kRoutedK) {
+      if (wgmma && p.a_gather == nullptr && p.b_gather == nullptr) {
+        GemmParams with_maps = p;
+        if (MakeWgradTensorMaps(with_maps))
+          return launch_wgmma_gemm<kMode, kEpi, true, true>(with_maps, sms, stream);
+      }
+    } else {
       if (wgmma && UseTma()) {
         GemmParams with_map = p;
         if (MakeWeightTensorMap(with_map, kMode)) {
-          if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows) {
+          if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows ||
+                        kEpi == Epi::kSwiGLUBwd) {
             if (UseTmaA() && MakeActivationTensorMap(with_map))
               return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
           }

@@ -1,4 +1,5 @@
-// Host side of the TMA path: the 3-D tensor map of a routed-M GEMM's weight operand B.
+// Host side of the TMA path: the tensor maps of a routed-M GEMM's weight operand B and of its
+// non-gathered activations A, and of both operands of a routed-K (weight-gradient) GEMM.
 // The driver entry point is fetched at run time (the module links no libcuda).
 #pragma once
 
@@ -65,6 +66,27 @@ inline bool MakeActivationTensorMap(GemmParams& p) {
              box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
+}
+
+// Routed-K (weight gradients) with both operands in expert order, not gathered: A [a_rows][M]
+// and B [a_rows][N], row = position, the columns contiguous. Boxes of 64 columns × 64 positions,
+// 128B-swizzled: one MN-major 64×64 block of a shared-memory tile each. Zero fill past M / N and
+// past the last row; rows of the next expert inside a k-block are zeroed by the consumers.
+inline bool MakeWgradTensorMaps(GemmParams& p) {
+  EncodeTiledFn encode = TensorMapEncoder();
+  if (encode == nullptr || p.a_gather != nullptr || p.b_gather != nullptr || p.a_rows <= 0)
+    return false;
+  auto make = [&](CUtensorMap* map, const void* base, int64_t width, int64_t ld) {
+    cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(p.a_rows)};
+    cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};  // bytes
+    cuuint32_t box[2] = {64, 64};
+    cuuint32_t element_strides[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                  box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  return make(&p.tmap_a, p.a, p.M, p.lda) && make(&p.tmap_b, p.b, p.N, p.ldb);
 }
 
 }  // namespace mok::cuda
