@@ -179,7 +179,7 @@ def test_bitwise_deterministic(transport):
     for call in range(1, 4):
         again = jax.tree.leaves(fn(x, params))
         for (path, a), b in zip(first, again, strict=True):
-            a, b = np.asarray(a), np.asarray(b)
+            a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
             if not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
                 bad = a != b
                 rows = np.unique(np.nonzero(bad)[0]) if bad.ndim else []
