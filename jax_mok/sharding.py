@@ -391,6 +391,39 @@ def _dispatch_indices(ids: jax.Array, ep: int, experts_local: int, rows: int):
     return dest_of_slot, sent, row, source_token, overflow
 
 
+@jax.custom_vjp
+def _pack_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array, row: jax.Array,
+               sent: jax.Array) -> jax.Array:
+    """``values[token_of_row]`` (``[T, ...]`` → ``[EP, R, ...]``), zero on padding rows.
+
+    The transpose of a gather is a scatter-add, which XLA's GPU backend runs with atomics: a
+    token sent to several devices then gets its ``dx`` summed in a varying order (seen on 2 x H200:
+    1-ulp bf16 differences between identical calls). This one gathers back instead: the
+    cotangent of token ``t`` is the sum over destinations ``d = 0..EP-1`` of its buffer row
+    ``row[t, d]`` where ``sent[t, d]``, in float32, rounded once — deterministic by construction.
+    """
+    return _pack_rows_fwd(values, token_of_row, padding, row, sent)[0]
+
+
+def _pack_rows_fwd(values, token_of_row, padding, row, sent):
+    picked = values[token_of_row]  # [EP, R, ...]
+    mask = padding.reshape(padding.shape + (1,) * (picked.ndim - padding.ndim))
+    return jnp.where(mask, jnp.zeros((), values.dtype), picked), (row, sent)
+
+
+def _pack_rows_bwd(residuals, ct):
+    row, sent = residuals  # [T, EP] each
+    ep, rows = ct.shape[0], ct.shape[1]
+    devices = jnp.arange(ep)[None, :]
+    back = ct[devices, jnp.clip(row, 0, rows - 1)].astype(jnp.float32)  # [T, EP, ...]
+    mask = sent.reshape(sent.shape + (1,) * (back.ndim - sent.ndim))
+    total = jnp.where(mask, back, 0.0).sum(axis=1)  # destinations in ascending order
+    return total.astype(ct.dtype), None, None, None, None
+
+
+_pack_rows.defvjp(_pack_rows_fwd, _pack_rows_bwd)
+
+
 def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *,
                         return_aux: bool = False, implementation: str = "ffi"):
     """``jax_mok.moe`` partitioned over ``plan.mesh``; same results as the single-device call.
@@ -448,8 +481,10 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         slot_dest = dest_of_slot[token_of_row]  # [EP, R, k]
         mine = (slot_dest == devices[:, None, None]) & ~padding[:, :, None]
         send_ids = jnp.where(mine, ids[token_of_row] % experts_local, DROPPED)
-        send_w = jnp.where(mine, routing.topk_weights[token_of_row], 0.0)
-        send_x = jnp.where(padding[:, :, None], jnp.zeros((), dtype), x_loc[token_of_row])
+        # Differentiable gathers through _pack_rows: their transposes sum in a fixed order.
+        pack = lambda v: _pack_rows(v, token_of_row, padding, row, sent)
+        send_w = jnp.where(mine, pack(routing.topk_weights), 0.0)
+        send_x = pack(x_loc)
 
         if peer_workspace is not None:
             recv_x, recv_ids, recv_w = peer.dispatch(send_x, send_ids, send_w, peer_workspace)
