@@ -198,6 +198,9 @@ TMA_SWITCHES = [
     # row-by-row cp.async gathers). Expert counts that are not multiples of 64 exercise the
     # zeroed tail rows, H = 264 the zero fill past M / N.
     "JAX_MOK_CUDA_TMA_WGRAD",
+    # weight-gradient tiles stored through shared memory (default off: =1 turns it on); the
+    # test compares off (=0) with on (=1). H = 264, 2F = 400: partial tiles in both dimensions.
+    "JAX_MOK_CUDA_WGRAD_STAGED",
 ]
 
 

@@ -258,7 +258,43 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
   }
 }
 
-template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA>
+// Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
+constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
+
+// kStoreCast through shared memory (JAX_MOK_CUDA_WGRAD_STAGED=1; moe.cuh): the warpgroup's 64 ×
+// BN tile goes out in BN/64 passes of 64 × 64. Each pass writes the accumulator pairs into `buf`
+// (rows of 128 bytes, 16-byte chunks XOR-swizzled by row: conflict-free for the fragment layout
+// and for the read-out), then every thread stores whole 16-byte chunks, 8 consecutive threads per
+// 128-byte row: full, coalesced lines instead of the 4-byte pair stores of run_epilogue. Same
+// rounding (one __floats2bfloat162_rn per pair), so the output is bitwise equal.
+template <int BN, class Acc>
+__device__ __forceinline__ void store_cast_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                                  int wg, int t, char* buf) {
+  const int row_base = 64 * wg;
+  bf16* out = static_cast<bf16*>(p.out) + static_cast<int64_t>(w.expert) * p.M * p.ldo;
+  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass) {
+#pragma unroll
+    for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+      const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
+      const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+      *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(acc(i), acc(i + 1));
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int idx = t + 128 * j, r = idx >> 3, chunk = idx & 7;
+      const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128 + ((chunk ^ (r & 7)) << 4));
+      const int row = row_base + r, n = w.n_tile * BN + 64 * pass + chunk * 8;
+      if (row < w.rows && n < p.N)  // N is a multiple of 8: a chunk is wholly in or out
+        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(w.row0 + row) * p.ldo + n) = v;
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
+  }
+}
+
+template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA, bool kStagedOut = false>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
@@ -273,6 +309,9 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // [128] producer only
   int* s_prefix = reinterpret_cast<int*>(s_rows + 128);           // [E+1]
   int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
+  // [kOutStageBytes] after the offsets, 128-byte aligned (kStagedOut only)
+  char* out_stage = reinterpret_cast<char*>(
+      (reinterpret_cast<uintptr_t>(s_offset + p.experts + 1) + 127) & ~uintptr_t{127});
 
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
     s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
@@ -333,21 +372,34 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       }
       warpgroup_wait<0>();
       if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
-      run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
+      if constexpr (kStagedOut) {
+        static_assert(kEpi == Epi::kStoreCast, "the staged store writes kStoreCast tiles");
+        store_cast_staged<BN>(
+            p, w, [&](int i) { return acc(i); }, wg - 1, t,
+            out_stage + (wg - 1) * (kOutStageBytes / 2));
+      } else {
+        run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
+      }
     }
   }
 #endif
 }
 
-template <Mode kMode, Epi kEpi, bool kTma = false, bool kTmaA = false>
+template <Mode kMode, bool kTma, bool kTmaA, bool kStagedOut>
+size_t wgmma_smem_bytes(int experts) {
+  return WgmmaConfig<kMode, kTma, kTmaA>::smem_bytes(experts) +
+         (kStagedOut ? 128 + kOutStageBytes : 0);
+}
+
+template <Mode kMode, Epi kEpi, bool kTma = false, bool kTmaA = false, bool kStagedOut = false>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
   using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
-  const size_t smem = Cfg::smem_bytes(p.experts);
-  cudaError_t err =
-      cudaFuncSetAttribute(wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const size_t smem = wgmma_smem_bytes<kMode, kTma, kTmaA, kStagedOut>(p.experts);
+  auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA, kStagedOut>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA><<<num_sms, Cfg::kThreads, smem, stream>>>(p);
+  kernel<<<num_sms, Cfg::kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

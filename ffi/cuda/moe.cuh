@@ -55,6 +55,21 @@ inline bool UseTmaWgrad() {
   return UseTma() && !(env && env[0] == '0');
 }
 
+// Weight-gradient tiles stored through shared memory in 16-byte coalesced chunks (mainloop.cuh:
+// store_cast_staged) instead of 4-byte pair stores. Off by default: compile-checked, NOT yet run
+// on a GPU (2026-11-29). JAX_MOK_CUDA_WGRAD_STAGED=1 turns it on where the extra 16 KB of shared
+// memory fits (it does not for E close to the 4096 limit: then the plain stores).
+inline bool UseStagedWgradStores(size_t smem_needed) {
+  const char* env = std::getenv("JAX_MOK_CUDA_WGRAD_STAGED");
+  if (!(env && env[0] == '1')) return false;
+  int device = 0, limit = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess)
+    return false;
+  return smem_needed <= static_cast<size_t>(limit);
+}
+
 template <class T, Mode kMode, Epi kEpi>
 cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t stream) {
 #ifdef JAX_MOK_HAVE_CUTLASS
@@ -62,8 +77,13 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
     if constexpr (kMode == Mode::kRoutedK) {
       if (wgmma && p.a_gather == nullptr && p.b_gather == nullptr) {
         GemmParams with_maps = p;
-        if (MakeWgradTensorMaps(with_maps))
+        if (MakeWgradTensorMaps(with_maps)) {
+          if constexpr (kEpi == Epi::kStoreCast) {
+            if (UseStagedWgradStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
+              return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_maps, sms, stream);
+          }
           return launch_wgmma_gemm<kMode, kEpi, true, true>(with_maps, sms, stream);
+        }
       }
     } else {
       if (wgmma && UseTma()) {
