@@ -22,7 +22,7 @@ the gradients equal the single-device call's up to float summation order.
 
 The ``transport`` switch names how tokens travel: ``"xla"`` (``lax.all_to_all``, any backend,
 the default); ``"peer"`` (kernels storing rows into peers' memory over NVLink, staged version in
-:mod:`jax_mok.peer`, docs/peer-transport.md; NOT yet run on a GPU) only where
+:mod:`jax_mok.peer`, docs/peer-transport.md; run on 2 x H200) only where
 :func:`jax_mok.workspace.peer_transport_available` says so, with a concrete ``Mesh``; elsewhere
 it raises ``NotImplementedError`` with the reason.
 

