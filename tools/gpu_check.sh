@@ -7,7 +7,8 @@
 #   only, for a short device budget; bench: build, smoke and the harness, e.g. as a second call on a
 #   machine still warm from a "kernels" call; validate: build, smoke, GPU tests and the per-phase
 #   profile). Outputs land in $OUT. Env: TEST_TIMEOUT (300),
-#   TIMING_TIMEOUT (240), PROFILE=0 (skip the per-phase times), NCU=1 (add the ncu
+#   TIMING_TIMEOUT (240), PROFILE=0 (skip the per-phase times), PROFILE_ALSO="VAR=value ..."
+#   (profile a second time with those variables set and print both side by side), NCU=1 (add the ncu
 #   counters of NCU_SHAPES, default "S3 S2"), BENCH_ARGS, BENCH_TIMEOUT (400).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
 set -uo pipefail
@@ -85,6 +86,12 @@ run_profile() {
   step "per-phase device times (JAX_MOK_CUDA_PROFILE=1, one fwd+bwd per shape, saved h)"
   JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 tools/kernel_timings.py profile \
     2>&1 | tee "$OUT/profile.txt"
+  if [ -n "${PROFILE_ALSO:-}" ]; then  # e.g. PROFILE_ALSO="JAX_MOK_CUDA_WGRAD_STAGED=1"
+    step "per-phase device times again with $PROFILE_ALSO"
+    env $PROFILE_ALSO JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} \
+      python3 tools/kernel_timings.py profile > "$OUT/profile_also.txt" 2>&1
+    python3 tools/kernel_timings.py compare "$OUT/profile.txt" "$OUT/profile_also.txt"
+  fi
 }
 
 TEST_RC=0

@@ -5,6 +5,7 @@
     JAX_MOK_CUDA_PROFILE=1 python3 tools/kernel_timings.py profile  # one fwd+bwd per shape: the
                                                                   # per-phase device times
     python3 tools/kernel_timings.py forward --shapes S3            # one forward (under ncu)
+    python3 tools/kernel_timings.py compare A.txt B.txt           # two profile outputs, per phase
 
 Balanced routing, bf16, 8 distinct random experts tiled to E (keeps the generation temporaries
 small). Not the protocol (no input rotation, no peers): the harness is ``python -m benchmarks.run``.
@@ -129,11 +130,67 @@ def profile(shapes: list[str]) -> None:
         del x, ids, w, wgu, wd, dy, fb
 
 
+PHASE = "jax_mok CUDA profile: "
+
+
+def read_profile(path: str) -> dict[str, list[tuple[str, float]]]:
+    """Per shape, the phases of the warm (second) fwd+bwd call in a ``profile`` output: the lines
+    after the shape's marker, up to the next call's first ``routing`` (a call routes twice)."""
+    shapes: dict[str, list[tuple[str, float]]] = {}
+    current = None
+    for line in open(path, errors="replace"):
+        if line.startswith("--- "):
+            current = line.split()[1]
+            shapes[current] = []
+            continue
+        if current is None or PHASE not in line:
+            continue
+        name, ms = line.split(PHASE, 1)[1].rsplit(None, 2)[:2]
+        phases = shapes[current]
+        if name.strip() == "routing" and sum(n == "routing" for n, _ in phases) == 2:
+            current = None  # the next shape's first call
+            continue
+        phases.append((name.strip(), float(ms)))
+    return shapes
+
+
+def compare(first: str, second: str) -> None:
+    """Markdown table: every phase of two profile outputs side by side, per shape."""
+    a, b = read_profile(first), read_profile(second)
+    print(f"| shape | phase | {first} ms | {second} ms | change |")
+    print("|---|---|---|---|---|")
+    def keyed(phases):  # (name, occurrence): "routing" runs once per pass
+        seen: dict[str, int] = {}
+        out = {}
+        for name, ms in phases:
+            seen[name] = seen.get(name, 0) + 1
+            out[(name, seen[name])] = ms
+        return out
+
+    for shape in a:
+        if shape not in b:
+            continue
+        ka, kb = keyed(a[shape]), keyed(b[shape])
+        for key in list(ka) + [k for k in kb if k not in ka]:
+            ta, tb = ka.get(key), kb.get(key)
+            cells = [f"{t:.3f}" if t is not None else "–" for t in (ta, tb)]
+            change = f"{100 * (tb / ta - 1):+.0f} %" if ta and tb is not None else "–"
+            print(f"| {shape} | {key[0]} | {cells[0]} | {cells[1]} | {change} |")
+        ta, tb = sum(ka.values()), sum(kb.values())
+        print(f"| {shape} | **total** | {ta:.3f} | {tb:.3f} | {100 * (tb / ta - 1):+.0f} % |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("timings", "profile", "forward"))
+    ap.add_argument("what", choices=("timings", "profile", "forward", "compare"))
+    ap.add_argument("files", nargs="*", help="compare: two profile outputs")
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
     args = ap.parse_args()
+    if args.what == "compare":
+        if len(args.files) != 2:
+            ap.error("compare takes two profile output files")
+        compare(*args.files)
+        return
     shapes = args.shapes.split(",")
     unknown = [s for s in shapes if s not in testing.SHAPES]
     if unknown:
