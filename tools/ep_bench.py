@@ -172,6 +172,32 @@ def _overlap(record: dict) -> None:
             record[key] = layer / max(compute, 2 * exchange)
 
 
+def _profile(record: dict, programs: dict, x, p) -> None:
+    """``record["profile"][transport][pass]``: busy / span and the top XLA ops and kernels of
+    GPU 0, ms per call (tools/device_profile.py); the full text goes to stdout."""
+    import device_profile  # tools/ is on sys.path when this script runs
+
+    record["profile"] = {}
+    for transport, progs in programs.items():
+        for what in ("fwd", "fwd_bwd"):
+            try:
+                summary = device_profile.profile_calls(progs[what][0], x, p, calls=3)
+            except Exception as e:
+                record["profile"][f"{transport}_{what}"] = {"error": str(e)[:300]}
+                continue
+            print(f"--- profile {record['shape']} {record['tokens_per_gpu']} {transport} {what}")
+            print(device_profile.format_summary(summary), flush=True)
+            if summary:
+                gpu0 = summary[0]
+                record["profile"][f"{transport}_{what}"] = {
+                    "device": gpu0["device"],
+                    "busy_ms": gpu0["busy_ms"],
+                    "span_ms": gpu0["span_ms"],
+                    "ops": gpu0["ops"][:15],
+                    "kernels": gpu0["kernels"][:15],
+                }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -187,6 +213,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10, help="timed calls per figure (median)")
     ap.add_argument(
         "--inner", type=int, default=20, help="iterations per program for the *_ms figures"
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="balanced configs: also trace 3 calls of each transport's layer (fwd, fwd+bwd) and "
+        "record where the device time goes (tools/device_profile.py)",
     )
     ap.add_argument(
         "--budget-s",
@@ -290,6 +322,8 @@ def main() -> None:
                     except Exception as e:
                         record["exchange_error"] = str(e)[:300]
                     _overlap(record)
+                    if args.profile:
+                        _profile(record, programs, x, p)
                 emit(record)
 
 

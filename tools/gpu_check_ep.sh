@@ -5,7 +5,9 @@
 #   smoke: build, probe, exchange == all_to_all; tests: + multigpu tests; bench: build, probe,
 #   tools/ep_bench.py and B5 (benchmarks.ep_torch, PyTorch NCCL all_to_all_single + B3 compute;
 #   EP_B5=0 skips it, B5_TIMEOUT / B5_BUDGET_S bound it, B5_ARGS replaces EP_BENCH_ARGS for it);
-#   EP_INNER (20): in-program repetitions of each ep_bench timing; the EP table is printed last;
+#   EP_INNER (20): in-program repetitions of each ep_bench timing; EP_PROFILE=1: a profiler
+#   trace of each transport's layer per balanced config (device time per XLA op and kernel:
+#   tools/device_profile.py); the EP table is printed last;
 #   full: everything (more than one 600-s device call: split it).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticast*.
 # The peer workspace lives outside XLA's pool: XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 leaves room.
@@ -104,7 +106,7 @@ TEST_RC=${PIPESTATUS[0]}
 fi
 
 step "EP benchmark (B4 = transport xla vs peer)"
-timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} \
+timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} ${EP_PROFILE:+--profile} \
   ${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1} 2>&1 | tail -30
 if [ "${EP_B5:-1}" != 0 ]; then
 step "B5 (PyTorch NCCL)"
