@@ -9,10 +9,14 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
                    const T* wd, T* y, T* h_save) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
+  const bool wgmma = UseWgmma(pr.dtype);
+  const bool pregather = wgmma && UsePregatherX();  // moe.cuh (experimental, default off)
+  T* x_sorted = nullptr;                            // [P, H] x[sorted_token] (pregather only)
   auto layout = [&](Carve& c, Routing* r, T** act, T** y_part) {
     *r = CarveRouting(c, pr, ids);
     *act = c.take<T>(TK * F);     // [P, F]
     *y_part = c.take<T>(TK * H);  // [P, H] w · (a @ Wd[e]) per assignment
+    x_sorted = pregather ? c.take<T>(TK * H) : nullptr;
   };
   Carve probe;
   Routing r;
@@ -24,14 +28,22 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
   Carve c{base};
   layout(c, &r, &act, &y_part);
 
-  const bool wgmma = UseWgmma(pr.dtype);
   const int bn = wgmma ? kWgmmaBN : kSimtBN;
   ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
+  if (pregather)
+    MOK_RETURN_IF_ERROR(
+        Stage("gather x into expert order",
+              launch_gather<T>(x, r.sorted_token, r.expert_offset, static_cast<int>(pr.experts),
+                               x_sorted, static_cast<int>(H), dev.sms, stream),
+              stream));
 
   GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
   g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
-  g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
+  if (pregather)
+    g1.a = x_sorted, g1.lda = H, g1.a_rows = TK;
+  else
+    g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
   g1.out = act, g1.ldo = F, g1.out2 = h_save;
   if (h_save) {  // training: keep h for the backward (saves its recompute GEMM)

@@ -55,6 +55,15 @@ inline bool UseTmaWgrad() {
   return UseTma() && !(env && env[0] == '0');
 }
 
+// Forward: gather x once into expert order so that the gate/up GEMM takes A by TMA as well (the
+// backward does this for its weight gradients). Off by default: compile-checked, NOT yet run on a
+// GPU (2026-11-29); JAX_MOK_CUDA_PREGATHER_X=1 turns it on (costs T·k·H elements of scratch and
+// one gather pass; pays where the gate/up GEMM is long, e.g. S3).
+inline bool UsePregatherX() {
+  const char* env = std::getenv("JAX_MOK_CUDA_PREGATHER_X");
+  return UseTma() && UseTmaA() && env && env[0] == '1';
+}
+
 // Weight-gradient tiles stored through shared memory in 16-byte coalesced chunks (mainloop.cuh:
 // store_cast_staged) instead of 4-byte pair stores. Off by default: compile-checked, NOT yet run
 // on a GPU (2026-11-29). JAX_MOK_CUDA_WGRAD_STAGED=1 turns it on where the extra 16 KB of shared
@@ -89,8 +98,10 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
       if (wgmma && UseTma()) {
         GemmParams with_map = p;
         if (MakeWeightTensorMap(with_map, kMode)) {
+          // (A is gathered in the default forward: MakeActivationTensorMap declines it)
           if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows ||
-                        kEpi == Epi::kSwiGLUBwd) {
+                        kEpi == Epi::kSwiGLUBwd || kEpi == Epi::kSwiGLU ||
+                        kEpi == Epi::kSwiGLUSave) {
             if (UseTmaA() && MakeActivationTensorMap(with_map))
               return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
           }
