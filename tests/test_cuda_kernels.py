@@ -200,7 +200,7 @@ TMA_SWITCHES = [
     "JAX_MOK_CUDA_TMA_WGRAD",
     # weight-gradient tiles stored through shared memory (default off: =1 turns it on); the
     # test compares off (=0) with on (=1). H = 264, 2F = 400: partial tiles in both dimensions.
-    "JAX_MOK_CUDA_WGRAD_STAGED",
+    "JAX_MOK_CUDA_STAGED_STORES",
     # forward: x gathered into expert order first, the gate/up GEMM's A by TMA (default off)
     "JAX_MOK_CUDA_PREGATHER_X",
 ]

@@ -261,17 +261,31 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
 // Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
 constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
 
-// kStoreCast through shared memory (JAX_MOK_CUDA_WGRAD_STAGED=1; moe.cuh): the warpgroup's 64 ×
-// BN tile goes out in BN/64 passes of 64 × 64. Each pass writes the accumulator pairs into `buf`
-// (rows of 128 bytes, 16-byte chunks XOR-swizzled by row: conflict-free for the fragment layout
-// and for the read-out), then every thread stores whole 16-byte chunks, 8 consecutive threads per
-// 128-byte row: full, coalesced lines instead of the 4-byte pair stores of run_epilogue. Same
-// rounding (one __floats2bfloat162_rn per pair), so the output is bitwise equal.
-template <int BN, class Acc>
-__device__ __forceinline__ void store_cast_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+// kStoreCast / kWeighted / kStoreRows through shared memory (JAX_MOK_CUDA_STAGED_STORES=1;
+// moe.cuh): the warpgroup's 64 × BN tile goes out in BN/64 passes of 64 × 64. Each pass writes
+// the accumulator pairs into `buf` (rows of 128 bytes, 16-byte chunks XOR-swizzled by row:
+// conflict-free for the fragment layout and for the read-out), then every thread stores whole
+// 16-byte chunks, 8 consecutive threads per 128-byte row: full, coalesced lines instead of the
+// 4-byte pair stores of run_epilogue. Same rounding (kWeighted: the routing weight times the
+// accumulator, then one __floats2bfloat162_rn per pair), so the output is bitwise equal. The
+// routing weight is loaded once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
+template <Epi kEpi, int BN, class Acc>
+__device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, char* buf) {
+  static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
+                "plain row stores only");
   const int row_base = 64 * wg;
-  bf16* out = static_cast<bf16*>(p.out) + static_cast<int64_t>(w.expert) * p.M * p.ldo;
+  // kStoreCast: dW_e [M, N] per expert; routed-M: rows are positions of the [P, N] output
+  bf16* out = static_cast<bf16*>(p.out) +
+              (kEpi == Epi::kStoreCast ? static_cast<int64_t>(w.expert) * p.M * p.ldo : 0);
+  float scale[2] = {1.f, 1.f};
+  if constexpr (kEpi == Epi::kWeighted) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_base + frag_row(2 * h, t);
+      scale[h] = r < w.rows ? p.topk_weights[p.sorted_slot[w.row0 + r]] : 0.f;
+    }
+  }
   const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
 #pragma unroll
   for (int pass = 0; pass < BN / 64; ++pass) {
@@ -279,7 +293,12 @@ __device__ __forceinline__ void store_cast_staged(const GemmParams& p, const Wor
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
       const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(acc(i), acc(i + 1));
+      float v0 = acc(i), v1 = acc(i + 1);
+      if constexpr (kEpi == Epi::kWeighted) {
+        const float wt = scale[(i >> 1) & 1];
+        v0 = wt * v0, v1 = wt * v1;
+      }
+      *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(v0, v1);
     }
     asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
 #pragma unroll
@@ -373,8 +392,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       warpgroup_wait<0>();
       if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
       if constexpr (kStagedOut) {
-        static_assert(kEpi == Epi::kStoreCast, "the staged store writes kStoreCast tiles");
-        store_cast_staged<BN>(
+        store_rows_staged<kEpi, BN>(
             p, w, [&](int i) { return acc(i); }, wg - 1, t,
             out_stage + (wg - 1) * (kOutStageBytes / 2));
       } else {

@@ -64,12 +64,13 @@ inline bool UsePregatherX() {
   return UseTma() && UseTmaA() && env && env[0] == '1';
 }
 
-// Weight-gradient tiles stored through shared memory in 16-byte coalesced chunks (mainloop.cuh:
-// store_cast_staged) instead of 4-byte pair stores. Off by default: compile-checked, NOT yet run
-// on a GPU (2026-11-29). JAX_MOK_CUDA_WGRAD_STAGED=1 turns it on where the extra 16 KB of shared
-// memory fits (it does not for E close to the 4096 limit: then the plain stores).
-inline bool UseStagedWgradStores(size_t smem_needed) {
-  const char* env = std::getenv("JAX_MOK_CUDA_WGRAD_STAGED");
+// Plain row outputs (weight gradients, the down GEMM's weighted rows, dx rows) stored through
+// shared memory in 16-byte coalesced chunks (mainloop.cuh: store_rows_staged) instead of 4-byte
+// pair stores. Off by default: compile-checked, NOT yet run on a GPU (2026-11-29).
+// JAX_MOK_CUDA_STAGED_STORES=1 turns it on where the extra 16 KB of shared memory fits (not for
+// E near the 4096 limit: then the plain stores).
+inline bool UseStagedStores(size_t smem_needed) {
+  const char* env = std::getenv("JAX_MOK_CUDA_STAGED_STORES");
   if (!(env && env[0] == '1')) return false;
   int device = 0, limit = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -88,7 +89,7 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
         GemmParams with_maps = p;
         if (MakeWgradTensorMaps(with_maps)) {
           if constexpr (kEpi == Epi::kStoreCast) {
-            if (UseStagedWgradStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
+            if (UseStagedStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
               return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_maps, sms, stream);
           }
           return launch_wgmma_gemm<kMode, kEpi, true, true>(with_maps, sms, stream);
@@ -102,8 +103,13 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
           if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows ||
                         kEpi == Epi::kSwiGLUBwd || kEpi == Epi::kSwiGLU ||
                         kEpi == Epi::kSwiGLUSave) {
-            if (UseTmaA() && MakeActivationTensorMap(with_map))
+            if (UseTmaA() && MakeActivationTensorMap(with_map)) {
+              if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows) {
+                if (UseStagedStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
+                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
+              }
               return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
+            }
           }
           return launch_wgmma_gemm<kMode, kEpi, true>(with_map, sms, stream);
         }
