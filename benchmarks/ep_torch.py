@@ -61,8 +61,9 @@ or a second GPU missing.
 
 Known differences: the receiver's un-permute is B3's float32 ``index_add_`` with unit weights
 (exact, but heavier than the bf16 ``index_copy_`` a hand-tuned EP layer might use); it is inside
-``compute_ms`` and ``fwd_ms``. tools/ep_bench.py (B4) skews its routing differently (router
-columns of the first E/4 experts × 3), so its skewed rows are not the same routing as these.
+``compute_ms`` and ``fwd_ms``. tools/ep_bench.py (B4, peer) reaches the same hot share by
+scaling the hot experts' router columns (softmax routing has no bias term), calibrated the same
+way; the records carry ``hot_share`` so that the skewed rows can be matched.
 torch 2.14 deprecates ``torch.distributed.nn.functional.all_to_all_single`` (the warning is
 silenced; it still works).
 """

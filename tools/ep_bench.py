@@ -172,6 +172,31 @@ def _overlap(record: dict) -> None:
             record[key] = layer / max(compute, 2 * exchange)
 
 
+def _skewed(params, scale: float):
+    """The router with the columns of the hot 10 % of the experts scaled by ``scale``."""
+    hot = max(1, int(params.config.num_experts * problems.HOT_FRACTION))
+    return dataclasses.replace(params, router=params.router.at[:, :hot].mul(scale))
+
+
+def _skew_scale(x, params, config, sample: int = 4096) -> float:
+    """The router-column scale that sends ``problems.skew_target`` (~50 %) of the assignments of
+    ``sample`` tokens to the hot 10 % of the experts: the protocol's skew, as B5
+    (benchmarks.ep_torch) and the single-GPU harness calibrate it with a logit bias — a router
+    has no bias term under softmax routing, so the hot columns are scaled instead (bisection)."""
+    target = problems.skew_target(config.num_experts, config.top_k)
+    xs = jax.device_get(x[:sample])
+    lo, hi = 1.0, 30.0
+    for _ in range(16):
+        mid = 0.5 * (lo + hi)
+        p = _skewed(params, mid)
+        ids = route(jnp.asarray(xs), jax.device_get(p.router), None, config)[0].topk_ids
+        if problems.hot_share(np.asarray(ids), config.num_experts) < target:
+            lo = mid
+        else:
+            hi = mid
+    return round(0.5 * (lo + hi), 3)
+
+
 def _profile(record: dict, programs: dict, x, p) -> None:
     """``record["profile"][transport][pass]``: busy / span and the top XLA ops and kernels of
     GPU 0, ms per call (tools/device_profile.py); the full text goes to stdout."""
@@ -290,12 +315,14 @@ def main() -> None:
                     emit(record)
                     continue
                 p = params
-                if routing == "skewed":  # the first E/4 experts' logits scaled x3
-                    p = dataclasses.replace(p, router=p.router.at[:, : experts // 4].mul(3.0))
                 x = jax.device_put(
                     jax.random.normal(jax.random.key(1), (ep * tokens, shape.hidden), jnp.bfloat16),
                     NamedSharding(mesh, P("expert")),
                 )
+                if routing == "skewed":
+                    scale = _skew_scale(x, p, config)
+                    record["skew_scale"] = scale
+                    p = _skewed(p, scale)
                 # The routing this config measures, comparable with B5's (benchmarks.ep_torch):
                 # the share of assignments that go to the hot 10 % of the experts.
                 ids = route(x, p.router, p.router_bias, config)[0].topk_ids
