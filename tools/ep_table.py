@@ -101,6 +101,8 @@ def _note(rec: dict | None, b5: dict | None) -> str:
         notes += [k for k in rec if k.endswith("error")]
         if "inner" in rec:
             notes.append(f"in-program x{rec['inner']}")
+        if rec.get("peer_check") == "deferred":
+            notes.append("peer check deferred")
         elif any(k.endswith("_ms") for k in rec):
             notes.append("per call")
     for k in ("skipped", "error"):
