@@ -45,6 +45,14 @@ def kernels_built(platform: str) -> bool:
     return False
 
 
+def register_targets() -> None:
+    """Registers the targets of every platform this process can lower for: the CPU kernels, and
+    the CUDA ones where a GPU is present (``implementation="ffi"`` lets XLA pick per platform)."""
+    kernels_built("cpu")
+    if gpu_present():
+        kernels_built("cuda")
+
+
 def gpu_present() -> bool:
     try:
         return bool(jax.devices("gpu"))

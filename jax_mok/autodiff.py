@@ -192,9 +192,7 @@ def routed_experts(
             f"jax_mok: implementation={implementation!r} but its extension _mok_{implementation} "
             "is not built (reinstall jax_mok; the CUDA one needs nvcc on PATH or JAX_MOK_CUDA=1)"
         )
-    if implementation == "ffi":  # the targets of every platform this process can lower for
-        _ffi.kernels_built("cpu")
-        if _ffi.gpu_present():
-            _ffi.kernels_built("cuda")
+    if implementation == "ffi":
+        _ffi.register_targets()
     save = _save_activations(implementation, save_activations)
     return _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save)

@@ -45,6 +45,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+import os
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -71,8 +72,6 @@ def _default_transport() -> str:
     ``"auto"`` picks ``"peer"`` where :func:`jax_mok.workspace.peer_transport_available` allows
     it, else ``"xla"`` with a one-time warning giving the reason (opt-in while ``"peer"`` is
     unvalidated on GPUs)."""
-    import os
-
     value = os.environ.get("JAX_MOK_TRANSPORT", "xla")
     if value not in TRANSPORTS:
         raise ValueError(f"JAX_MOK_TRANSPORT must be one of {TRANSPORTS}, got {value!r}")
@@ -391,6 +390,16 @@ def _dispatch_indices(ids: jax.Array, ep: int, experts_local: int, rows: int):
     return dest_of_slot, sent, row, source_token, overflow
 
 
+def _sum_home_rows(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Array:
+    """``[T, ...]`` float32: for each token the sum, over destinations ``d = 0..EP-1`` in
+    ascending order, of its row ``row[t, d]`` of ``buffer [EP, R, ...]`` where ``sent[t, d]``.
+    The fixed-order per-token reduction of the combine (and of the packing gather's transpose)."""
+    ep, rows = buffer.shape[0], buffer.shape[1]
+    picked = buffer[jnp.arange(ep)[None, :], jnp.clip(row, 0, rows - 1)]  # [T, EP, ...]
+    mask = sent.reshape(sent.shape + (1,) * (picked.ndim - sent.ndim))
+    return jnp.where(mask, picked.astype(jnp.float32), 0.0).sum(axis=1)
+
+
 @jax.custom_vjp
 def _pack_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array, row: jax.Array,
                sent: jax.Array) -> jax.Array:
@@ -399,8 +408,8 @@ def _pack_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array, r
     The transpose of a gather is a scatter-add, which XLA's GPU backend runs with atomics: a
     token sent to several devices then gets its ``dx`` summed in a varying order (seen on 2 x H200:
     1-ulp bf16 differences between identical calls). This one gathers back instead: the
-    cotangent of token ``t`` is the sum over destinations ``d = 0..EP-1`` of its buffer row
-    ``row[t, d]`` where ``sent[t, d]``, in float32, rounded once — deterministic by construction.
+    cotangent of token ``t`` is :func:`_sum_home_rows` of the buffer's cotangent, rounded once —
+    deterministic by construction.
     """
     return _pack_rows_fwd(values, token_of_row, padding, row, sent)[0]
 
@@ -413,12 +422,7 @@ def _pack_rows_fwd(values, token_of_row, padding, row, sent):
 
 def _pack_rows_bwd(residuals, ct):
     row, sent = residuals  # [T, EP] each
-    ep, rows = ct.shape[0], ct.shape[1]
-    devices = jnp.arange(ep)[None, :]
-    back = ct[devices, jnp.clip(row, 0, rows - 1)].astype(jnp.float32)  # [T, EP, ...]
-    mask = sent.reshape(sent.shape + (1,) * (back.ndim - sent.ndim))
-    total = jnp.where(mask, back, 0.0).sum(axis=1)  # destinations in ascending order
-    return total.astype(ct.dtype), None, None, None, None
+    return _sum_home_rows(ct, row, sent).astype(ct.dtype), None, None, None, None
 
 
 _pack_rows.defvjp(_pack_rows_fwd, _pack_rows_bwd)
@@ -507,10 +511,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
             y = peer.combine(out.reshape(ep, rows, H), jnp.where(sent, row, -1), peer_workspace)
         else:
             back = jax.lax.all_to_all(out.reshape(ep, rows, H), axis, 0, 0, tiled=True)
-            # Combine in a fixed order (destination 0..EP-1), float32.
-            picked = back[devices[None, :], jnp.clip(row, 0, rows - 1)]  # [T_loc, EP, H]
-            picked = jnp.where(sent[:, :, None], picked.astype(jnp.float32), 0.0)
-            y = picked.sum(1)
+            y = _sum_home_rows(back, row, sent)  # fixed order (destination 0..EP-1), float32
         if config.shared_size:
             y = y + api._swiglu_mlp(x_loc, shared_gate_up, shared_down)
         y = y.astype(dtype)

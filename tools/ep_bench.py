@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from kernel_timings import median_s  # tools/ is on sys.path when this script runs
 
 import jax_mok
 from benchmarks import problems
@@ -64,14 +65,7 @@ _INNER = 20
 
 def _median_ms(fn, *args) -> float:
     """Median wall ms of one call of ``fn(*args)`` up to ``block_until_ready``."""
-    for _ in range(2):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(_REPS):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+    return 1e3 * median_s(fn, *args, n=_REPS, warmup=2)
 
 
 def _same_x(x, out):

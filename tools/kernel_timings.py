@@ -15,13 +15,14 @@ fwd+bwd returns y with the gradients, so XLA cannot drop the forward custom call
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from benchmarks.ceilings import _jax_matmul
+from benchmarks.timing import time_steps
 from jax_mok import autodiff, testing
 
 UNIQUE = 8
@@ -60,23 +61,14 @@ def forward_backward(ids, dy, save: bool | None = None):
     return jax.jit(step)
 
 
-def median_s(f, *args, n: int = 20) -> float:
-    for _ in range(3):
-        jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+def median_s(f, *args, n: int = 20, warmup: int = 3) -> float:
+    """Median seconds of one synchronized call of ``f(*args)`` (benchmarks.timing)."""
+    step = lambda i: jax.block_until_ready(f(*args))  # noqa: E731
+    return statistics.median(time_steps(step, warmup=warmup, iters=n))
 
 
 def timings(shapes: list[str]) -> None:
-    k1, k2 = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(k1, (8192, 8192), jnp.bfloat16)
-    b = jax.random.normal(k2, (8192, 8192), jnp.bfloat16)
-    ceil = 2 * 8192**3 / median_s(jax.jit(lambda a, b: a @ b), a, b) / 1e12
-    del a, b
+    ceil = _jax_matmul(8192, jnp.bfloat16, warmup=3, iters=20)["tflops"]  # benchmarks.ceilings
     print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
     rows = []
     for name in shapes:
