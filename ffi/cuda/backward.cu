@@ -13,8 +13,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   const bool wgmma = UseWgmma(pr.dtype);
   const int bn = wgmma ? kWgmmaBN : kSimtBN;
   const int g_tiles = CeilDiv(F, bn);
-  // x and dy gathered once into expert order (moe.cuh: UseTmaWgrad): every later GEMM that
-  // reads them, and both operands of the weight-gradient GEMMs, then come by TMA.
+  // x and dy gathered once into expert order (moe.cuh: UseTmaWgrad): every GEMM below reads
+  // those copies, and the weight-gradient GEMMs (both operands) and dy·Wd^T (A) load them by TMA.
   const bool pregather = wgmma && UseTmaWgrad();
   struct Buffers {
     Routing r;
@@ -45,6 +45,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   Carve c{base};
   layout(c);
   const Routing& r = b.r;
+  const ExpertOrderRows x_rows = InExpertOrder(x, b.x_sorted, r);
+  const ExpertOrderRows dy_rows = InExpertOrder(dy, b.dy_sorted, r);
   ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
   if (pregather) {
@@ -60,7 +62,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   if (!h_saved) {
     GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored in x's dtype)
     g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
-    g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
+    g1.a = x_rows.base, g1.a_gather = x_rows.gather, g1.lda = H, g1.a_rows = TK;
     g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
     g1.out = b.h_scratch, g1.ldo = 2 * F;
     MOK_RETURN_IF_ERROR(
@@ -70,10 +72,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
 
   GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
   g2.N = F, g2.K = H, g2.n_tiles = g_tiles;
-  if (pregather)
-    g2.a = b.dy_sorted, g2.lda = H, g2.a_rows = TK;
-  else
-    g2.a = dy, g2.lda = H, g2.a_gather = r.sorted_token;
+  g2.a = dy_rows.base, g2.a_gather = dy_rows.gather, g2.lda = H, g2.a_rows = TK;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
   MOK_RETURN_IF_ERROR(
@@ -102,10 +101,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, bn);
   g4.a = b.aw, g4.lda = F;
   g4.a_rows = TK;  // rows of both operands (the TMA path's tensor maps)
-  if (pregather)
-    g4.b = b.dy_sorted, g4.ldb = H;
-  else
-    g4.b = dy, g4.ldb = H, g4.b_gather = r.sorted_token;
+  g4.b = dy_rows.base, g4.b_gather = dy_rows.gather, g4.ldb = H;
   g4.out = d_wd, g4.ldo = H;
   MOK_RETURN_IF_ERROR(
       Stage("dWd GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g4, wgmma, dev.sms, stream),
@@ -113,11 +109,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
 
   GemmParams g5 = RoutedParams(r, w);  // dWgu[e] = x[tok]^T dh          [H, 2F]
   g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, bn);
-  g5.a_rows = TK;
-  if (pregather)
-    g5.a = b.x_sorted, g5.lda = H;
-  else
-    g5.a = x, g5.lda = H, g5.a_gather = r.sorted_token;
+  g5.a = x_rows.base, g5.a_gather = x_rows.gather, g5.lda = H, g5.a_rows = TK;
   g5.b = b.dh, g5.ldb = 2 * F;
   g5.out = d_wgu, g5.ldo = 2 * F;
   MOK_RETURN_IF_ERROR(

@@ -40,10 +40,8 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
 
   GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
   g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
-  if (pregather)
-    g1.a = x_sorted, g1.lda = H, g1.a_rows = TK;
-  else
-    g1.a = x, g1.lda = H, g1.a_gather = r.sorted_token;
+  const ExpertOrderRows x_rows = InExpertOrder(x, x_sorted, r);
+  g1.a = x_rows.base, g1.a_gather = x_rows.gather, g1.lda = H, g1.a_rows = TK;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
   g1.out = act, g1.ldo = F, g1.out2 = h_save;
   if (h_save) {  // training: keep h for the backward (saves its recompute GEMM)

@@ -162,6 +162,18 @@ inline Routing CarveRouting(Carve& c, const Problem& pr, const int* topk_ids) {
   return r;
 }
 
+// Rows of a token matrix in expert order (position p holds token sorted_token[p]): read through
+// the gather, or from a copy made once in that order (`sorted`, nullptr when there is none),
+// which the GEMMs then load by TMA where they can (UseTmaWgrad, UsePregatherX).
+struct ExpertOrderRows {
+  const void* base;
+  const int* gather;
+};
+template <class T>
+ExpertOrderRows InExpertOrder(const T* tokens, const T* sorted, const Routing& r) {
+  return sorted ? ExpertOrderRows{sorted, nullptr} : ExpertOrderRows{tokens, r.sorted_token};
+}
+
 inline GemmParams RoutedParams(const Routing& r, const float* topk_weights) {
   GemmParams p{};
   p.expert_offset = r.expert_offset;

@@ -33,60 +33,55 @@ inline EncodeTiledFn TensorMapEncoder() {
   return encode;
 }
 
-// B of expert e is [K][N] (kRoutedBN: N contiguous, boxes 64 n × 64 k) or [N][K] (kRoutedBK:
-// K contiguous, one box 64 k × 256 n); both 128B-swizzled like the shared-memory tiles, zero
-// fill out of range (per expert: dimension 1 ends at the expert's K or N).
-inline bool MakeWeightTensorMap(GemmParams& p, Mode mode) {
+// A bf16 tensor map of `rank` dimensions (innermost first; `strides` in bytes for dimensions
+// 1..rank-1), 128B-swizzled like the shared-memory tiles, zero fill out of range.
+inline bool EncodeBf16(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
+                       const cuuint64_t* strides, const cuuint32_t* box) {
   EncodeTiledFn encode = TensorMapEncoder();
-  if (encode == nullptr || mode == Mode::kRoutedK) return false;
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode != nullptr &&
+         encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A [rows][width] matrix with rows `ld` elements apart, in boxes of box_cols × box_rows.
+inline bool EncodeRows(CUtensorMap* map, const void* base, int64_t width, int64_t rows, int64_t ld,
+                       cuuint32_t box_cols, cuuint32_t box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  return EncodeBf16(map, base, 2, dims, strides, box);
+}
+
+// B of expert e is [K][N] (kRoutedBN: N contiguous, boxes 64 n × 64 k) or [N][K] (kRoutedBK:
+// K contiguous, one box 64 k × 256 n); per expert, dimension 1 ends at the expert's K or N.
+inline bool MakeWeightTensorMap(GemmParams& p, Mode mode) {
+  if (mode == Mode::kRoutedK) return false;
   const bool n_major = mode == Mode::kRoutedBN;
   const cuuint64_t inner = static_cast<cuuint64_t>(p.ldb);
   const cuuint64_t outer = static_cast<cuuint64_t>(n_major ? p.K : p.N);
-  cuuint64_t dims[3] = {inner, outer, static_cast<cuuint64_t>(p.experts)};
-  cuuint64_t strides[2] = {inner * 2, static_cast<cuuint64_t>(p.b_expert_stride) * 2};  // bytes
-  cuuint32_t box[3] = {64, n_major ? 64u : static_cast<cuuint32_t>(kWgmmaBN), 1};
-  cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r =
-      encode(&p.tmap_b, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(p.b), dims, strides,
-             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  const cuuint64_t dims[3] = {inner, outer, static_cast<cuuint64_t>(p.experts)};
+  const cuuint64_t strides[2] = {inner * 2, static_cast<cuuint64_t>(p.b_expert_stride) * 2};
+  const cuuint32_t box[3] = {64, n_major ? 64u : static_cast<cuuint32_t>(kWgmmaBN), 1};
+  return EncodeBf16(&p.tmap_b, p.b, 3, dims, strides, box);
 }
 
-// A non-gathered A operand [a_rows][K] (K contiguous): one box of 64(k) × 128(rows), 128B swizzle.
+// A non-gathered A operand [a_rows][K] (K contiguous): one box of 64(k) × 128(rows).
 inline bool MakeActivationTensorMap(GemmParams& p) {
-  EncodeTiledFn encode = TensorMapEncoder();
-  if (encode == nullptr || p.a_gather != nullptr || p.a_rows <= 0) return false;
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.lda), static_cast<cuuint64_t>(p.a_rows)};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.lda) * 2};  // bytes
-  cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileM)};
-  cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r =
-      encode(&p.tmap_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.a), dims, strides,
-             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  if (p.a_gather != nullptr || p.a_rows <= 0) return false;
+  return EncodeRows(&p.tmap_a, p.a, p.lda, p.a_rows, p.lda, 64, kTileM);
 }
 
 // Routed-K (weight gradients) with both operands in expert order, not gathered: A [a_rows][M]
-// and B [a_rows][N], row = position, the columns contiguous. Boxes of 64 columns × 64 positions,
-// 128B-swizzled: one MN-major 64×64 block of a shared-memory tile each. Zero fill past M / N and
-// past the last row; rows of the next expert inside a k-block are zeroed by the consumers.
+// and B [a_rows][N], row = position, the columns contiguous. Boxes of 64 columns × 64 positions:
+// one MN-major 64×64 block of a shared-memory tile each. Zero fill past M / N and past the last
+// row; rows of the next expert inside a k-block are zeroed by the consumers.
 inline bool MakeWgradTensorMaps(GemmParams& p) {
-  EncodeTiledFn encode = TensorMapEncoder();
-  if (encode == nullptr || p.a_gather != nullptr || p.b_gather != nullptr || p.a_rows <= 0)
-    return false;
-  auto make = [&](CUtensorMap* map, const void* base, int64_t width, int64_t ld) {
-    cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(p.a_rows)};
-    cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};  // bytes
-    cuuint32_t box[2] = {64, 64};
-    cuuint32_t element_strides[2] = {1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
-                  box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  };
-  return make(&p.tmap_a, p.a, p.M, p.lda) && make(&p.tmap_b, p.b, p.N, p.ldb);
+  if (p.a_gather != nullptr || p.b_gather != nullptr || p.a_rows <= 0) return false;
+  return EncodeRows(&p.tmap_a, p.a, p.M, p.a_rows, p.lda, 64, 64) &&
+         EncodeRows(&p.tmap_b, p.b, p.N, p.a_rows, p.ldb, 64, 64);
 }
 
 }  // namespace mok::cuda
