@@ -198,10 +198,11 @@ TMA_SWITCHES = [
     # row-by-row cp.async gathers). Expert counts that are not multiples of 64 exercise the
     # zeroed tail rows, H = 264 the zero fill past M / N.
     "JAX_MOK_CUDA_TMA_WGRAD",
-    # weight-gradient tiles stored through shared memory (default off: =1 turns it on); the
-    # test compares off (=0) with on (=1). H = 264, 2F = 400: partial tiles in both dimensions.
+    # row outputs stored through shared memory (default; =0: 4-byte pair stores). H = 264,
+    # 2F = 400: partial tiles in both dimensions.
     "JAX_MOK_CUDA_STAGED_STORES",
-    # forward: x gathered into expert order first, the gate/up GEMM's A by TMA (default off)
+    # forward: x gathered into expert order first, the gate/up GEMM's A by TMA (default for
+    # F >= 4096, so off at this test's F = 200: =1 forces it on)
     "JAX_MOK_CUDA_PREGATHER_X",
 ]
 

@@ -261,7 +261,7 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
 // Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
 constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
 
-// kStoreCast / kWeighted / kStoreRows through shared memory (JAX_MOK_CUDA_STAGED_STORES=1;
+// kStoreCast / kWeighted / kStoreRows through shared memory (default; =0 turns it off;
 // moe.cuh): the warpgroup's 64 × BN tile goes out in BN/64 passes of 64 × 64. Each pass writes
 // the accumulator pairs into `buf` (rows of 128 bytes, 16-byte chunks XOR-swizzled by row:
 // conflict-free for the fragment layout and for the read-out), then every thread stores whole

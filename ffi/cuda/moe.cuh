@@ -56,22 +56,26 @@ inline bool UseTmaWgrad() {
 }
 
 // Forward: gather x once into expert order so that the gate/up GEMM takes A by TMA as well (the
-// backward does this for its weight gradients). Off by default: compile-checked, NOT yet run on a
-// GPU (2026-11-29); JAX_MOK_CUDA_PREGATHER_X=1 turns it on (costs T·k·H elements of scratch and
-// one gather pass; pays where the gate/up GEMM is long, e.g. S3).
-inline bool UsePregatherX() {
+// backward does this for its weight gradients). Costs T·k·H elements of scratch and one gather
+// pass, so it pays where the gate/up GEMM is long per row, i.e. for a large FFN width. Measured on
+// an H200 (2026-11-29, docs/perf-notes.md), gate/up GEMM + gather against the row gather: S3
+// (F = 14336) 13.6 → 11.9 ms, S6 (2048) 0.65 → 0.62, S2 (2048) 7.70 → 7.68, S4 (3072) 9.44 →
+// 10.04, S1 (768) 3.25 → 3.53. Default: on for F ≥ 4096; JAX_MOK_CUDA_PREGATHER_X=1 / =0 forces it.
+inline bool UsePregatherX(int64_t ffn) {
   const char* env = std::getenv("JAX_MOK_CUDA_PREGATHER_X");
-  return UseTma() && UseTmaA() && env && env[0] == '1';
+  const bool want = (env && env[0]) ? env[0] == '1' : ffn >= 4096;
+  return UseTma() && UseTmaA() && want;
 }
 
 // Plain row outputs (weight gradients, the down GEMM's weighted rows, dx rows) stored through
 // shared memory in 16-byte coalesced chunks (mainloop.cuh: store_rows_staged) instead of 4-byte
-// pair stores. Off by default: compile-checked, NOT yet run on a GPU (2026-11-29).
-// JAX_MOK_CUDA_STAGED_STORES=1 turns it on where the extra 16 KB of shared memory fits (not for
-// E near the 4096 limit: then the plain stores).
+// pair stores, where the extra 16 KB of shared memory fits (not for E near the 4096 limit: then
+// the plain stores). Default on: bitwise equal to the pair stores, and measured on an H200
+// (2026-11-29): S1's down GEMM 3.64 → 1.36 ms, S4's dWd + dWgu 53.3 → 26.9 ms, S5's 22.5 → 9.7 ms.
+// JAX_MOK_CUDA_STAGED_STORES=0 keeps the pair stores.
 inline bool UseStagedStores(size_t smem_needed) {
   const char* env = std::getenv("JAX_MOK_CUDA_STAGED_STORES");
-  if (!(env && env[0] == '1')) return false;
+  if (env && env[0] == '0') return false;
   int device = 0, limit = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
