@@ -68,11 +68,12 @@ _WARNED: set[str] = set()
 
 
 def _default_transport() -> str:
-    """``JAX_MOK_TRANSPORT`` (``"xla"`` when unset): the transport when a call names none.
+    """``JAX_MOK_TRANSPORT`` (``"auto"`` when unset): the transport when a call names none.
     ``"auto"`` picks ``"peer"`` where :func:`jax_mok.workspace.peer_transport_available` allows
-    it, else ``"xla"`` with a one-time warning giving the reason (opt-in while ``"peer"`` is
-    unvalidated on GPUs)."""
-    value = os.environ.get("JAX_MOK_TRANSPORT", "xla")
+    it, else ``"xla"`` with a one-time warning giving the reason (none for a one-device expert
+    axis, where nothing is exchanged). The default since the peer path passed its multi-GPU
+    tests on 2 x H200 (BENCHMARKS.md, 183807a); ``JAX_MOK_TRANSPORT=xla`` opts out."""
+    value = os.environ.get("JAX_MOK_TRANSPORT", "auto")
     if value not in TRANSPORTS:
         raise ValueError(f"JAX_MOK_TRANSPORT must be one of {TRANSPORTS}, got {value!r}")
     return value
@@ -95,7 +96,7 @@ def _resolve_transport(plan: ExpertParallel) -> ExpertParallel:
                 f"transport='peer' is not available here: {reason}; use transport='xla'"
             )
         return plan
-    if not available and reason not in _WARNED:
+    if not available and reason not in _WARNED and plan.ep_size > 1:
         import warnings
 
         _WARNED.add(reason)
@@ -127,7 +128,7 @@ class ExpertParallel:
       transport: ``"xla"`` (``lax.all_to_all``); ``"peer"``: NVLink peer memory where available
         (see :func:`jax_mok.workspace.peer_transport_available`); ``"auto"``: ``"peer"`` where
         available, else ``"xla"`` with a one-time warning. Unnamed: ``JAX_MOK_TRANSPORT`` or
-        ``"xla"``.
+        ``"auto"``.
     """
 
     mesh: Mesh | AbstractMesh

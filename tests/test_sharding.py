@@ -141,7 +141,7 @@ def test_context_manager_and_token_axes():
     # A single axis may be named as a string, as for moe(..., token_axes=...).
     with sharding.expert_parallel(mesh, token_axes="expert") as plan:
         assert plan.token_axes == ("expert",)
-        assert plan.transport == "xla"  # unnamed: JAX_MOK_TRANSPORT, unset here
+        assert plan.transport == "auto"  # unnamed: JAX_MOK_TRANSPORT, unset here
 
 
 def test_errors_name_the_problem():

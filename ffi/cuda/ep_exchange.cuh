@@ -54,6 +54,10 @@ __device__ __forceinline__ char* region(const Exchange& p, int owner, int half, 
 
 // dst[0:bytes) = src[0:bytes), spread over all threads of the grid; 16-byte vectors when both
 // ends and the size allow it, else 4-byte words (bytes is a multiple of 4, checked by the host).
+// kUnroll > 1: each thread first loads kUnroll vectors (strided by the grid), then stores them,
+// so that kUnroll loads are in flight per thread instead of one load-store pair at a time
+// (JAX_MOK_PEER_UNROLL=4; experimental, default 1: the copy is the same bytes either way).
+template <int kUnroll>
 __device__ inline void copy_bytes(char* dst, const char* src, int64_t bytes, int64_t worker,
                                   int64_t workers) {
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
@@ -61,7 +65,18 @@ __device__ inline void copy_bytes(char* dst, const char* src, int64_t bytes, int
        15u) == 0) {
     uint4* d = reinterpret_cast<uint4*>(dst);
     const uint4* s = reinterpret_cast<const uint4*>(src);
-    for (int64_t i = worker; i < bytes / 16; i += workers) d[i] = s[i];
+    const int64_t n = bytes / 16;
+    int64_t i = worker;
+    if constexpr (kUnroll > 1) {
+      for (; i + (kUnroll - 1) * workers < n; i += kUnroll * workers) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * workers];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) d[i + u * workers] = v[u];
+      }
+    }
+    for (; i < n; i += workers) d[i] = s[i];
   } else {
     unsigned int* d = reinterpret_cast<unsigned int*>(dst);
     const unsigned int* s = reinterpret_cast<const unsigned int*>(src);
@@ -99,7 +114,7 @@ __device__ inline void reduce_rows(const Exchange& p, int half, int64_t worker, 
   }
 }
 
-template <class T, bool kReduce>
+template <class T, bool kReduce, int kUnroll>
 __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
   using symmetric::Signal;
   Signal* const me = reinterpret_cast<Signal*>(p.peers[p.rank]);
@@ -123,11 +138,12 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
       const char* src = f.src + static_cast<int64_t>(d) * f.chunk_bytes;
       if (d == p.rank) {
         if (!kReduce)
-          copy_bytes(f.dst + static_cast<int64_t>(d) * f.chunk_bytes, src, f.chunk_bytes, worker,
-                     workers);
+          copy_bytes<kUnroll>(f.dst + static_cast<int64_t>(d) * f.chunk_bytes, src, f.chunk_bytes,
+                              worker, workers);
         continue;
       }
-      copy_bytes(region(p, d, half, p.rank) + f.offset, src, f.chunk_bytes, worker, workers);
+      copy_bytes<kUnroll>(region(p, d, half, p.rank) + f.offset, src, f.chunk_bytes, worker,
+                          workers);
     }
   }
   __threadfence_system();
@@ -165,8 +181,9 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
       const Field& f = p.field[fi];
       for (int s = 0; s < p.ep; ++s)
         if (s != p.rank)
-          copy_bytes(f.dst + static_cast<int64_t>(s) * f.chunk_bytes,
-                     region(p, p.rank, half, s) + f.offset, f.chunk_bytes, worker, workers);
+          copy_bytes<kUnroll>(f.dst + static_cast<int64_t>(s) * f.chunk_bytes,
+                              region(p, p.rank, half, s) + f.offset, f.chunk_bytes, worker,
+                              workers);
     }
   }
 

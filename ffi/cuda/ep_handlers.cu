@@ -77,6 +77,16 @@ ffi::Error Check(const symmetric::View& v, int64_t id, int32_t device, cudaStrea
   return ffi::Error::Internal(message);
 }
 
+// JAX_MOK_PEER_UNROLL=4: vectors in flight per thread in the exchange's copies (ep_exchange.cuh;
+// experimental, compile-checked only, default 1).
+int Unroll() {
+  static const int unroll = [] {
+    const char* env = std::getenv("JAX_MOK_PEER_UNROLL");
+    return env && std::atoi(env) == 4 ? 4 : 1;
+  }();
+  return unroll;
+}
+
 int Grid(int64_t bytes_per_peer, int sms) {
   const int64_t vectors = bytes_per_peer / 16 + 1;
   const int64_t wanted = (vectors + kThreads - 1) / kThreads;
@@ -93,14 +103,23 @@ ffi::Error CheckChunked(const char* name, const ffi::AnyBuffer& a, int ep, int64
   return ffi::Error::Success();
 }
 
+template <int kUnroll>
+void LaunchUnrolled(const Exchange& p, bool reduce, ffi::DataType dtype, int grid,
+                    cudaStream_t stream) {
+  if (!reduce)
+    exchange_kernel<float, false, kUnroll><<<grid, kThreads, 0, stream>>>(p);
+  else if (dtype == ffi::DataType::BF16)
+    exchange_kernel<bf16, true, kUnroll><<<grid, kThreads, 0, stream>>>(p);
+  else
+    exchange_kernel<float, true, kUnroll><<<grid, kThreads, 0, stream>>>(p);
+}
+
 ffi::Error Launch(const Exchange& p, bool reduce, ffi::DataType dtype, int grid,
                   cudaStream_t stream) {
-  if (!reduce)
-    exchange_kernel<float, false><<<grid, kThreads, 0, stream>>>(p);
-  else if (dtype == ffi::DataType::BF16)
-    exchange_kernel<bf16, true><<<grid, kThreads, 0, stream>>>(p);
+  if (Unroll() == 4)
+    LaunchUnrolled<4>(p, reduce, dtype, grid, stream);
   else
-    exchange_kernel<float, true><<<grid, kThreads, 0, stream>>>(p);
+    LaunchUnrolled<1>(p, reduce, dtype, grid, stream);
   return Stage(reduce ? "peer combine" : "peer dispatch", cudaGetLastError(), stream);
 }
 
