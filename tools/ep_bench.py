@@ -306,6 +306,13 @@ def main() -> None:
                     # sync (default): each peer call ends in a host sync that reports a timeout
                     # from that call; deferred: reported at the next call (ep_handlers.cu)
                     "peer_check": os.environ.get("JAX_MOK_PEER_CHECK", "sync"),
+                    # kernel switches set for this run (gpu_check_ep.sh EP_ALSO), if any
+                    "switches": {
+                        k: v
+                        for k, v in sorted(os.environ.items())
+                        if k.startswith(("JAX_MOK_CUDA_", "JAX_MOK_PEER_"))
+                        and k not in ("JAX_MOK_PEER_CHECK", "JAX_MOK_PEER_TIMEOUT_MS")
+                    },
                 }
                 elapsed = time.perf_counter() - t_start
                 if elapsed > args.budget_s:

@@ -105,6 +105,7 @@ def _note(rec: dict | None, b5: dict | None) -> str:
             notes.append("peer check deferred")
         elif any(k.endswith("_ms") for k in rec):
             notes.append("per call")
+        notes += [f"{k}={v}" for k, v in (rec.get("switches") or {}).items()]
     for k in ("skipped", "error"):
         if b5 and k in b5:
             notes.append(f"B5 {k}")

@@ -6,7 +6,8 @@
 #   tools/ep_bench.py and B5 (benchmarks.ep_torch, PyTorch NCCL all_to_all_single + B3 compute;
 #   EP_B5=0 skips it, B5_TIMEOUT / B5_BUDGET_S bound it, B5_ARGS replaces EP_BENCH_ARGS for it);
 #   EP_DEFERRED=0 skips the S1 / 8192 rerun with JAX_MOK_PEER_CHECK=deferred (no host sync per
-#   peer call); EP_INNER (20): in-program repetitions of each ep_bench timing; EP_PROFILE=1: a profiler
+#   peer call); EP_ALSO="VAR=value ..." reruns S1 / 8192 once more with those variables (e.g.
+#   JAX_MOK_PEER_UNROLL=4); EP_INNER (20): in-program repetitions of each ep_bench timing; EP_PROFILE=1: a profiler
 #   trace of each transport's layer per balanced config (device time per XLA op and kernel:
 #   tools/device_profile.py); the EP table is printed last;
 #   full: everything (more than one 600-s device call: split it).
@@ -113,6 +114,11 @@ if [ "${EP_DEFERRED:-1}" = 1 ]; then
   # The default check mode syncs the host after every peer call; what does that cost?
   step "EP benchmark, S1 8192, JAX_MOK_PEER_CHECK=deferred"
   JAX_MOK_PEER_CHECK=deferred timeout ${DEFERRED_TIMEOUT:-150} python3 tools/ep_bench.py \
+    --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} --shapes S1 --tokens 8192 --reps 5 2>&1 | tail -4
+fi
+if [ -n "${EP_ALSO:-}" ]; then
+  step "EP benchmark, S1 8192, with $EP_ALSO"
+  env $EP_ALSO timeout ${DEFERRED_TIMEOUT:-150} python3 tools/ep_bench.py \
     --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} --shapes S1 --tokens 8192 --reps 5 2>&1 | tail -4
 fi
 if [ "${EP_B5:-1}" != 0 ]; then
