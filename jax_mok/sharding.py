@@ -213,6 +213,7 @@ def expert_parallel(mesh: Mesh | AbstractMesh | None = None, *, expert_axis: str
                 "expert_parallel(mesh=None) needs an ambient mesh (jax.set_mesh / use_mesh); "
                 "none is set"
             )
+        mesh = _concrete(mesh)
     plan = ExpertParallel(mesh, expert_axis, token_axes, transport)
     token = _CONTEXT.set(plan)
     try:
@@ -229,6 +230,28 @@ def _ambient_mesh() -> Mesh | AbstractMesh | None:
         if mesh is not None and not getattr(mesh, "empty", False) and mesh.axis_names:
             return mesh
     return None
+
+
+def _concrete(mesh: Mesh | AbstractMesh) -> Mesh | AbstractMesh:
+    """The concrete ``Mesh`` behind an ambient ``AbstractMesh`` where JAX keeps one
+    (``jax.set_mesh`` does, also under ``jit``), else ``mesh`` itself: transport ``"auto"`` needs
+    the devices to choose the peer path, which an ``AbstractMesh`` does not have."""
+    if isinstance(mesh, Mesh):
+        return mesh
+    try:
+        from jax._src import mesh as mesh_lib  # no public accessor under jit (jax 0.10 / 0.11)
+
+        concrete = mesh_lib.get_concrete_mesh()
+    except Exception:  # noqa: BLE001 - a private API: any failure means "not available"
+        return mesh
+    if (
+        isinstance(concrete, Mesh)
+        and not concrete.empty
+        and tuple(concrete.axis_names) == tuple(mesh.axis_names)
+        and dict(concrete.shape) == dict(mesh.shape)
+    ):
+        return concrete
+    return mesh
 
 
 def _weight_spec(w) -> tuple[PartitionSpec, Mesh | AbstractMesh] | None:
@@ -319,7 +342,7 @@ def plan_for(params: MoEParams, *, mesh=None, expert_axis: str = "expert",
     ambient = _ambient_mesh()
     if ambient is not None and expert_axis in ambient.axis_names and not _manual(
             ambient, expert_axis):
-        return ExpertParallel(ambient, expert_axis, token_axes, transport)
+        return ExpertParallel(_concrete(ambient), expert_axis, token_axes, transport)
     known = _weight_spec(params.w_gate_up)
     if known is not None:
         spec, weight_mesh = known

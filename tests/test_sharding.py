@@ -128,6 +128,30 @@ def test_ambient_mesh_no_expert_all_gather():
         assert plan is not None and plan.ep_size == 4 and plan.mesh == mesh
 
 
+def test_ambient_mesh_resolves_to_the_concrete_mesh():
+    """Under jax.set_mesh the plan holds the concrete Mesh, inside jit too (where JAX exposes only
+    an AbstractMesh publicly), so that transport "auto" can check the devices for peer access
+    instead of falling back for want of them."""
+    config = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=32, ffn_size=16)
+    params = testing.random_params(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (64, 32))
+    mesh = _mesh(2, 4)
+    seen = []
+
+    def f(x, p):
+        seen.append(sharding.plan_for(p))
+        return x
+
+    with jax.set_mesh(mesh):
+        jax.jit(f)(x, params)
+        with sharding.expert_parallel() as plan:
+            seen.append(plan)
+    assert len(seen) == 2
+    for plan in seen:
+        assert isinstance(plan.mesh, jax.sharding.Mesh) and plan.mesh == mesh, plan.mesh
+        assert plan.ep_size == 4
+
+
 def test_context_manager_and_token_axes():
     config = jax_mok.MoEConfig(num_experts=4, top_k=1, hidden_size=16, ffn_size=8)
     params = testing.random_params(jax.random.key(0), config)
