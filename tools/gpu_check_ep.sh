@@ -64,9 +64,10 @@ PY
 
 TEST_RC=0
 if [ "$MODE" != bench ]; then
-step "smoke: peer.dispatch / combine == all_to_all path (each check mode)"
-for check in sync deferred; do
-  JAX_MOK_PEER_CHECK=$check timeout ${SMOKE_TIMEOUT:-120} python3 - <<'PY' 2>&1 | tail -15
+step "smoke: peer.dispatch / combine == all_to_all path (each check mode, and the tuned exchange)"
+for variant in "JAX_MOK_PEER_CHECK=sync" "JAX_MOK_PEER_CHECK=deferred" \
+    "JAX_MOK_PEER_CHECK=sync JAX_MOK_PEER_UNROLL=4"; do
+  env $variant timeout ${SMOKE_TIMEOUT:-120} python3 - <<'PY' 2>&1 | tail -15
 import os, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 from jax_mok import peer, sharding, workspace
@@ -86,7 +87,8 @@ want = xf(x, ids, w)
 for i in range(4):  # back-to-back: epochs and halves alternate
     got = pf(x, ids, w)
     ok = all(np.array_equal(np.asarray(g), np.asarray(v)) for g, v in zip(got, want))
-    print(os.environ["JAX_MOK_PEER_CHECK"], "dispatch call", i, "bitwise equal to all_to_all:", ok)
+    print(os.environ["JAX_MOK_PEER_CHECK"], "unroll", os.environ.get("JAX_MOK_PEER_UNROLL", "1"),
+          "dispatch call", i, "bitwise equal to all_to_all:", ok)
 home = jnp.tile(jnp.arange(64, dtype=jnp.int32)[:, None], (ep, ep))  # [ep*64, ep]
 cf = jax.jit(sharding._shard_map(lambda r, h: peer.combine(r, h, ws), mesh, (s, s), s))
 def ref(r, h):
@@ -94,7 +96,8 @@ def ref(r, h):
     return back.astype(jnp.float32).sum(0)
 rf = jax.jit(sharding._shard_map(ref, mesh, (s, s), s))
 rows = x[:, :, :]
-print(os.environ["JAX_MOK_PEER_CHECK"], "combine equal:",
+print(os.environ["JAX_MOK_PEER_CHECK"], "unroll", os.environ.get("JAX_MOK_PEER_UNROLL", "1"),
+      "combine equal:",
       np.array_equal(np.asarray(cf(rows, home)), np.asarray(rf(rows, home))))
 PY
 done

@@ -114,8 +114,25 @@ __device__ inline void reduce_rows(const Exchange& p, int half, int64_t worker, 
   }
 }
 
+// 3. wait, bounded (thread 0 of a CTA): a peer that never launches becomes an error naming it.
+__device__ inline void wait_peers(const Exchange& p, symmetric::Signal* me,
+                                  unsigned long long epoch, int* ok) {
+  const unsigned long long deadline = global_timer_ns() + p.timeout_ns;
+  for (int q = 0; q < p.ep; ++q) {
+    if (q == p.rank) continue;
+    if (!wait_flag(&me->arrival[q], epoch, deadline, p.error)) {
+      report_error(p.error, ErrorCode(p.phase, q));
+      *ok = 0;
+      break;
+    }
+  }
+}
+
+// kUnroll > 1 is the tuned variant (JAX_MOK_PEER_UNROLL=4, experimental): unrolled copies, and in
+// dispatch mode the copy of my own chunk moved from before the push signal to the wait.
 template <class T, bool kReduce, int kUnroll>
 __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
+  constexpr bool kTuned = kUnroll > 1;
   using symmetric::Signal;
   Signal* const me = reinterpret_cast<Signal*>(p.peers[p.rank]);
   __shared__ unsigned long long epoch_shared;
@@ -137,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
     for (int d = 0; d < p.ep; ++d) {
       const char* src = f.src + static_cast<int64_t>(d) * f.chunk_bytes;
       if (d == p.rank) {
-        if (!kReduce)
+        if (!kReduce && !kTuned)
           copy_bytes<kUnroll>(f.dst + static_cast<int64_t>(d) * f.chunk_bytes, src, f.chunk_bytes,
                               worker, workers);
         continue;
@@ -159,16 +176,17 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
         if (q != p.rank)
           store_release_sys(&reinterpret_cast<Signal*>(p.peers[q])->arrival[p.rank], epoch);
     }
-    // 3. wait, bounded: a peer that never launches becomes an error naming it.
-    const unsigned long long deadline = global_timer_ns() + p.timeout_ns;
-    for (int q = 0; q < p.ep; ++q) {
-      if (q == p.rank) continue;
-      if (!wait_flag(&me->arrival[q], epoch, deadline, p.error)) {
-        report_error(p.error, ErrorCode(p.phase, q));
-        ok_shared = 0;
-        break;
+    if constexpr (!kTuned) wait_peers(p, me, epoch, &ok_shared);  // 3.
+  }
+  if constexpr (kTuned) {
+    // The tuned variant copies my own chunk to the output only now, under the peers' arrival.
+    if (!kReduce)
+      for (int fi = 0; fi < p.num_fields; ++fi) {
+        const Field& f = p.field[fi];
+        const int64_t at = static_cast<int64_t>(p.rank) * f.chunk_bytes;
+        copy_bytes<kUnroll>(f.dst + at, f.src + at, f.chunk_bytes, worker, workers);
       }
-    }
+    if (threadIdx.x == 0) wait_peers(p, me, epoch, &ok_shared);  // 3.
   }
   __syncthreads();
   if (!ok_shared) return;  // the workspace is poisoned by the host; epochs stay as they are

@@ -77,8 +77,9 @@ ffi::Error Check(const symmetric::View& v, int64_t id, int32_t device, cudaStrea
   return ffi::Error::Internal(message);
 }
 
-// JAX_MOK_PEER_UNROLL=4: vectors in flight per thread in the exchange's copies (ep_exchange.cuh;
-// experimental, compile-checked only, default 1).
+// JAX_MOK_PEER_UNROLL=4: the tuned exchange (ep_exchange.cuh: 4 vectors in flight per thread,
+// my own chunk copied under the peers' arrival; experimental, compile-checked only; 8 bytes of
+// register spill in its two float variants; default 1).
 int Unroll() {
   static const int unroll = [] {
     const char* env = std::getenv("JAX_MOK_PEER_UNROLL");
