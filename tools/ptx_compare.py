@@ -4,8 +4,9 @@
 
 Builds the PTX of ffi/cuda/forward.cu and backward.cu for sm_90a from a worktree of OLD_COMMIT
 and from NEW_TREE, and reports, per kernel of the old tree, whether the new tree has it with an
-identical body (names, branch labels, .loc line info and comments normalized; a template
-parameter appended with a default, e.g. ``..., false>``, maps back to the old name). Used to show
+identical body (names, branch labels, .loc line info, comments and virtual register numbers
+normalized; a template parameter appended with a default, e.g. ``..., false>``, maps back to the
+old name). Used to show
 that a commit after a GPU run left the GPU-tested kernels unchanged (docs/perf-notes.md).
 """
 
@@ -44,8 +45,21 @@ def bodies(path: str) -> dict[str, str]:
         lines = [ln for ln in body.splitlines() if not ln.strip().startswith(skip)]
         body = re.sub(r"_Z\w+", "FN", "\n".join(lines))
         body = re.sub(r"\$L__BB\d+_", "$L__BB_", body)
-        out[m.group(1)] = re.sub(r"\$L__tmp\d+", "$L__tmp", body)
+        out[m.group(1)] = _rename_registers(re.sub(r"\$L__tmp\d+", "$L__tmp", body))
     return out
+
+
+def _rename_registers(body: str) -> str:
+    """Virtual registers renamed in order of first use (%r7 -> %r<0>, ...), so that two bodies
+    compare equal exactly when they are the same instructions up to a consistent renaming: a
+    refactor that only changes nvcc's register numbering is not a change."""
+    names: dict[str, str] = {}
+
+    def canonical(m: re.Match) -> str:
+        return names.setdefault(m.group(0), f"%{m.group(1)}<{len(names)}>")
+
+    lines = [ln for ln in body.splitlines() if not ln.strip().startswith(".reg")]
+    return re.sub(r"%(rd|rs|r|fd|f|p|h|hh)\d+\b", canonical, "\n".join(lines))
 
 
 def old_name(name: str, old: set) -> str:
