@@ -241,6 +241,11 @@ def main() -> None:
         "record where the device time goes (tools/device_profile.py)",
     )
     ap.add_argument(
+        "--profile-tokens",
+        default=None,
+        help="with --profile: only these tokens-per-GPU counts (comma-separated), to save time",
+    )
+    ap.add_argument(
         "--budget-s",
         type=float,
         default=1e9,
@@ -354,7 +359,10 @@ def main() -> None:
                     except Exception as e:
                         record["exchange_error"] = str(e)[:300]
                     _overlap(record)
-                    if args.profile:
+                    if args.profile and (
+                        args.profile_tokens is None
+                        or str(tokens) in args.profile_tokens.split(",")
+                    ):
                         _profile(record, programs, x, p)
                 emit(record)
 
