@@ -44,22 +44,25 @@ def bodies(path: str) -> dict[str, str]:
         skip = (".loc", "//", ".file")
         lines = [ln for ln in body.splitlines() if not ln.strip().startswith(skip)]
         body = re.sub(r"_Z\w+", "FN", "\n".join(lines))
-        body = re.sub(r"\$L__BB\d+_", "$L__BB_", body)
         out[m.group(1)] = _rename_registers(re.sub(r"\$L__tmp\d+", "$L__tmp", body))
     return out
 
 
 def _rename_registers(body: str) -> str:
-    """Virtual registers renamed in order of first use (%r7 -> %r<0>, ...), so that two bodies
-    compare equal exactly when they are the same instructions up to a consistent renaming: a
-    refactor that only changes nvcc's register numbering is not a change."""
+    """Virtual registers and branch labels renamed in order of first use (%r7 -> %r<0>, ...), so
+    that two bodies compare equal exactly when they are the same instructions up to a consistent
+    renaming: a refactor that only changes nvcc's numbering is not a change."""
     names: dict[str, str] = {}
 
     def canonical(m: re.Match) -> str:
         return names.setdefault(m.group(0), f"%{m.group(1)}<{len(names)}>")
 
     lines = [ln for ln in body.splitlines() if not ln.strip().startswith(".reg")]
-    return re.sub(r"%(rd|rs|r|fd|f|p|h|hh)\d+\b", canonical, "\n".join(lines))
+    body = re.sub(r"%(rd|rs|r|fd|f|p|h|hh)\d+\b", canonical, "\n".join(lines))
+    labels: dict[str, str] = {}  # branch labels likewise, in order of first mention
+    return re.sub(
+        r"\$L__BB\d+_\d+", lambda m: labels.setdefault(m.group(0), f"$L<{len(labels)}>"), body
+    )
 
 
 def old_name(name: str, old: set) -> str:
