@@ -3,8 +3,8 @@
 What is here runs on any machine: sizing (:class:`WorkspaceSpec`), the configuration fingerprint
 that ranks compare at setup, the choice of bootstrap path, and
 :func:`peer_transport_available`. :func:`workspace_for` allocates and links the buffers through
-the ``_mok_cuda`` extension; it needs CUDA GPUs and is NOT yet run on one (2026-11-29: written and
-compile-checked on the CPU machine only).
+the ``_mok_cuda`` extension; it needs CUDA GPUs (run on 2 x H200 on 2026-11-29: the
+single-process peer-access path and the two-process IPC path; fabric handles compiled only).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ combine's reduction); running them one after the other gives about
 inputs (B5 rotates two token sets so that the L2 cannot hold them).
 
 Configs run token-major (the first token count for every shape first); ``--budget-s`` records
-what is left as skipped. Status: run on 2 x H200 on 2026-11-29 with per-call timings only
-(BENCHMARKS.md, expert-parallel table); ``--inner`` not yet run on a GPU.
+what is left as skipped. Status: run on 2 x H200 on 2026-11-29, both figures and ``--profile``
+at 183807a (BENCHMARKS.md, expert-parallel table).
 """
 
 from __future__ import annotations

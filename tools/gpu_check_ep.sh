@@ -113,17 +113,14 @@ fi
 step "EP benchmark (B4 = transport xla vs peer)"
 timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} ${EP_PROFILE:+--profile} \
   ${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1} 2>&1 | tail -30
-if [ "${EP_DEFERRED:-1}" = 1 ]; then
-  # The default check mode syncs the host after every peer call; what does that cost?
-  step "EP benchmark, S1 8192, JAX_MOK_PEER_CHECK=deferred"
-  JAX_MOK_PEER_CHECK=deferred timeout ${DEFERRED_TIMEOUT:-150} python3 tools/ep_bench.py \
+rerun_s1() {  # S1 / 8192 once more with the variables "$1" set
+  step "EP benchmark, S1 8192, with $1"
+  env $1 timeout ${DEFERRED_TIMEOUT:-150} python3 tools/ep_bench.py \
     --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} --shapes S1 --tokens 8192 --reps 5 2>&1 | tail -4
-fi
-if [ -n "${EP_ALSO:-}" ]; then
-  step "EP benchmark, S1 8192, with $EP_ALSO"
-  env $EP_ALSO timeout ${DEFERRED_TIMEOUT:-150} python3 tools/ep_bench.py \
-    --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} --shapes S1 --tokens 8192 --reps 5 2>&1 | tail -4
-fi
+}
+# The default check mode syncs the host after every peer call; what does that cost?
+[ "${EP_DEFERRED:-1}" = 1 ] && rerun_s1 "JAX_MOK_PEER_CHECK=deferred"
+[ -n "${EP_ALSO:-}" ] && rerun_s1 "$EP_ALSO"
 if [ "${EP_B5:-1}" != 0 ]; then
 step "B5 (PyTorch NCCL)"
 timeout ${B5_TIMEOUT:-300} python3 -m benchmarks.ep_torch --out "$OUT/ep_torch.jsonl" \

@@ -25,7 +25,7 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_moe_bwd"] = Capsule(MokMoeBwdCuda);
     d["mok_moe_fwd_train"] = Capsule(MokMoeFwdTrainCuda);
     d["mok_moe_bwd_saved"] = Capsule(MokMoeBwdSavedCuda);
-    // Peer transport (docs/peer-transport.md): compile-checked, not yet run on a GPU.
+    // Peer transport (docs/peer-transport.md): run on 2 x H200 (2026-11-29).
     d["mok_ep_dispatch"] = Capsule(MokEpDispatchCuda);
     d["mok_ep_combine"] = Capsule(MokEpCombineCuda);
     return d;
@@ -39,7 +39,7 @@ NB_MODULE(_mok_cuda, m) {
     return d;
   });
 
-  // Symmetric workspace bootstrap for jax_mok/workspace.py (not yet run on a GPU).
+  // Symmetric workspace bootstrap for jax_mok/workspace.py (run on 2 x H200, 2026-11-29).
   namespace sym = mok::cuda::symmetric;
   m.def("can_access_peer", &sym::CanAccessPeer, nb::arg("a"), nb::arg("b"),
         "Peer access with native atomics between CUDA ordinals a and b (NVLink stand-in).");

@@ -1,7 +1,7 @@
 // Symmetric workspace: allocation, peer linking (peer access / CUDA IPC / fabric handles), and
 // the registry the peer-transport handlers read. See symmetric.h and docs/peer-transport.md.
 //
-// Status (2026-11-29): the peer-access path run on 2 x H200; IPC compiled and CPU-tested only. The
+// Status (2026-11-29): run on 2 x H200 (peer access in one process, CUDA IPC across two). The
 // fabric path (cuMem* with CU_MEM_HANDLE_TYPE_FABRIC) cannot be exercised on a single host.
 #include "cuda/symmetric.h"
 

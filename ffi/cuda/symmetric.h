@@ -3,7 +3,7 @@
 // id, device ordinal) to the rank's view (its base, the device table of peer bases, the error
 // word). Host code only; the Python side drives it through _mok_cuda (jax_mok/workspace.py).
 //
-// Status (2026-11-29): the peer-access path run on 2 x H200; IPC and fabric compiled only.
+// Status (2026-11-29): peer access and CUDA IPC run on 2 x H200; fabric handles compiled only.
 #pragma once
 
 #include <cstdint>
