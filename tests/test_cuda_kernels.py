@@ -211,6 +211,9 @@ TMA_SWITCHES = [
     # forward: x gathered into expert order first, the gate/up GEMM's A by TMA (default for
     # F >= 4096, so off at this test's F = 200: =1 forces it on)
     "JAX_MOK_CUDA_PREGATHER_X",
+    # the forward's SwiGLU outputs (a, and h when saved) through shared memory (default off);
+    # F = 200: the second gate/up tile has one valid 8-column chunk in its second pass
+    "JAX_MOK_CUDA_STAGED_GLU",
 ]
 
 
@@ -224,11 +227,18 @@ def test_tma_matches_cp_async(monkeypatch, kind, switch):
     if not _ffi.cuda_module().device_info().get("wgmma_path", False):
         pytest.skip("built without CUTLASS headers: no wgmma path")
     args = _problem(9, 700, 264, 200, 8, 2, jnp.bfloat16, kind)
+    from jax_mok import autodiff
+
+    # The inference forward too: no saved pre-activations, so other epilogues (kSwiGLU).
+    forward = jax.jit(lambda x, ids, w, wgu, wd: autodiff.routed_experts(
+        x, ids, w, wgu, wd, implementation="cuda", save_activations=False))
     monkeypatch.setenv(switch, "0")
     plain = [np.asarray(a) for a in _routed("cuda")(*args)]
+    plain.append(np.asarray(forward(*args[:5])))
     monkeypatch.setenv(switch, "1")
     tma = [np.asarray(a) for a in _routed("cuda")(*args)]
-    for name, a, b in zip(NAMES, plain, tma, strict=True):
+    tma.append(np.asarray(forward(*args[:5])))
+    for name, a, b in zip((*NAMES, "y (inference)"), plain, tma, strict=True):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: {switch}=1 differs"
 
 

@@ -261,14 +261,41 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
 // Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
 constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
 
+// One 64 × 64 pass of a warpgroup's output through shared memory (`buf`: rows of 128 bytes,
+// 16-byte chunks XOR-swizzled by row: conflict-free for the fragment layout and for the
+// read-out). Each thread writes the pairs value(i) of its accumulator indices i in
+// [32 pass, 32 pass + 32) (the pass's 64 columns), then every thread stores whole 16-byte chunks,
+// 8 consecutive threads per 128-byte row: full, coalesced lines instead of 4-byte pair stores.
+// Warpgroup row `row` (row_base + 0..63, kept below `rows`) and column n (col0 + 0..63, kept
+// below `cols`, a multiple of 8: a chunk is wholly in or out) go to at(row, n). One
+// __floats2bfloat162_rn per pair, as store2.
+template <class Value, class At>
+__device__ __forceinline__ void staged_pass(char* buf, uint32_t barrier, int t, int pass,
+                                            int row_base, int rows, int col0, int cols,
+                                            Value&& value, At&& at) {
+#pragma unroll
+  for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+    const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
+    const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+    const float2 v = value(i);
+    *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(v.x, v.y);
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int idx = t + 128 * j, r = idx >> 3, chunk = idx & 7;
+    const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128 + ((chunk ^ (r & 7)) << 4));
+    const int row = row_base + r, n = col0 + chunk * 8;
+    if (row < rows && n < cols) *reinterpret_cast<uint4*>(at(row, n)) = v;
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
+}
+
 // kStoreCast / kWeighted / kStoreRows through shared memory (default; =0 turns it off;
-// moe.cuh): the warpgroup's 64 × BN tile goes out in BN/64 passes of 64 × 64. Each pass writes
-// the accumulator pairs into `buf` (rows of 128 bytes, 16-byte chunks XOR-swizzled by row:
-// conflict-free for the fragment layout and for the read-out), then every thread stores whole
-// 16-byte chunks, 8 consecutive threads per 128-byte row: full, coalesced lines instead of the
-// 4-byte pair stores of run_epilogue. Same rounding (kWeighted: the routing weight times the
-// accumulator, then one __floats2bfloat162_rn per pair), so the output is bitwise equal. The
-// routing weight is loaded once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
+// moe.cuh): the warpgroup's 64 × BN tile goes out in BN/64 staged passes. Same rounding as
+// run_epilogue (kWeighted: the routing weight times the accumulator, then one
+// __floats2bfloat162_rn per pair), so the output is bitwise equal. The routing weight is loaded
+// once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
 template <Epi kEpi, int BN, class Acc>
 __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, char* buf) {
@@ -288,28 +315,54 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
   }
   const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
 #pragma unroll
-  for (int pass = 0; pass < BN / 64; ++pass) {
+  for (int pass = 0; pass < BN / 64; ++pass)
+    staged_pass(
+        buf, barrier, t, pass, row_base, w.rows, w.n_tile * BN + 64 * pass, p.N,
+        [&](int i) {
+          float v0 = acc(i), v1 = acc(i + 1);
+          if constexpr (kEpi == Epi::kWeighted) {
+            const float wt = scale[(i >> 1) & 1];
+            v0 = wt * v0, v1 = wt * v1;
+          }
+          return make_float2(v0, v1);
+        },
+        [&](int row, int n) { return out + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
+}
+
+// kSwiGLU / kSwiGLUSave through shared memory (JAX_MOK_CUDA_STAGED_GLU=1; experimental, default
+// off): the warpgroup's 64 × BN/2 activations a = silu(gate) · up go out in two 64 × 64 passes,
+// and with kSwiGLUSave the 64 × BN/2 gate and up halves of h in two passes each. Same arithmetic
+// and rounding as run_epilogue (store2), so the outputs are bitwise equal.
+template <Epi kEpi, int BN, class Acc>
+__device__ __forceinline__ void store_glu_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                                 int wg, int t, char* buf) {
+  static_assert(kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave, "the forward's GLU epilogues");
+  static_assert(BN == 256, "two 64-column passes per half");
+  constexpr int kUp = BN / 4;  // gate value i pairs with up value i + kUp (column + BN/2)
+  const int F = p.N, row_base = 64 * wg;
+  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
+  bf16* act = static_cast<bf16*>(p.out);
+  bf16* h = static_cast<bf16*>(p.out2);  // [P, 2F]: gate | up (kSwiGLUSave)
 #pragma unroll
-    for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
-      const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
-      const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
-      float v0 = acc(i), v1 = acc(i + 1);
-      if constexpr (kEpi == Epi::kWeighted) {
-        const float wt = scale[(i >> 1) & 1];
-        v0 = wt * v0, v1 = wt * v1;
-      }
-      *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(v0, v1);
-    }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+  for (int pass = 0; pass < 2; ++pass) {
+    const int col0 = w.n_tile * (BN / 2) + 64 * pass;
+    staged_pass(
+        buf, barrier, t, pass, row_base, w.rows, col0, F,
+        [&](int i) {
+          const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
+          return make_float2(g0 * sigmoidf(g0) * u0, g1 * sigmoidf(g1) * u1);
+        },
+        [&](int row, int n) { return act + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
+    if constexpr (kEpi == Epi::kSwiGLUSave) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int idx = t + 128 * j, r = idx >> 3, chunk = idx & 7;
-      const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128 + ((chunk ^ (r & 7)) << 4));
-      const int row = row_base + r, n = w.n_tile * BN + 64 * pass + chunk * 8;
-      if (row < w.rows && n < p.N)  // N is a multiple of 8: a chunk is wholly in or out
-        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(w.row0 + row) * p.ldo + n) = v;
+      for (int half = 0; half < 2; ++half)  // gate columns, then up columns (F further on)
+        staged_pass(
+            buf, barrier, t, pass, row_base, w.rows, col0, F,
+            [&](int i) { return make_float2(acc(i + half * kUp), acc(i + half * kUp + 1)); },
+            [&](int row, int n) {
+              return h + static_cast<int64_t>(w.row0 + row) * 2 * F + half * F + n;
+            });
     }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
   }
 }
 
@@ -391,7 +444,11 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       }
       warpgroup_wait<0>();
       if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
-      if constexpr (kStagedOut) {
+      if constexpr (kStagedOut && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)) {
+        store_glu_staged<kEpi, BN>(
+            p, w, [&](int i) { return acc(i); }, wg - 1, t,
+            out_stage + (wg - 1) * (kOutStageBytes / 2));
+      } else if constexpr (kStagedOut) {
         store_rows_staged<kEpi, BN>(
             p, w, [&](int i) { return acc(i); }, wg - 1, t,
             out_stage + (wg - 1) * (kOutStageBytes / 2));

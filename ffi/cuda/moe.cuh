@@ -84,6 +84,16 @@ inline bool UseStagedStores(size_t smem_needed) {
   return smem_needed <= static_cast<size_t>(limit);
 }
 
+// The forward's SwiGLU epilogues (activations, and h when saved) through shared memory as well
+// (mainloop.cuh: store_glu_staged). Experimental: compile-checked, NOT yet run on a GPU
+// (2026-11-30); JAX_MOK_CUDA_STAGED_GLU=1 turns it on where the staging area fits. Aimed at the
+// gate/up GEMMs with short K (S1, S6: K = 2048), whose 4-byte pair stores of a (and of h in
+// training) resemble the down GEMM's before the staged row stores (S1: 3.64 → 1.36 ms).
+inline bool UseStagedGlu(size_t smem_needed) {
+  const char* env = std::getenv("JAX_MOK_CUDA_STAGED_GLU");
+  return env && env[0] == '1' && UseStagedStores(smem_needed);
+}
+
 template <class T, Mode kMode, Epi kEpi>
 cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t stream) {
 #ifdef JAX_MOK_HAVE_CUTLASS
@@ -112,8 +122,16 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
                 if (UseStagedStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
                   return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
               }
+              if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
+                if (UseStagedGlu(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
+                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
+              }
               return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
             }
+          }
+          if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
+            if (UseStagedGlu(wgmma_smem_bytes<kMode, true, false, true>(p.experts)))
+              return launch_wgmma_gemm<kMode, kEpi, true, false, true>(with_map, sms, stream);
           }
           return launch_wgmma_gemm<kMode, kEpi, true>(with_map, sms, stream);
         }
