@@ -366,6 +366,68 @@ __device__ __forceinline__ void store_glu_staged(const GemmParams& p, const Work
   }
 }
 
+// kSwiGLUBwd through shared memory (JAX_MOK_CUDA_STAGED_BWD=1; experimental, default off): for
+// each 64-column pass, dh_gate, dh_up and w·a go out in three staged passes, each recomputing its
+// value from the accumulator and h exactly as run_epilogue does (the h pairs of the second and
+// third pass come from L1); the partial d_w sums are accumulated in the first pass only, in
+// run_epilogue's order, and reduced the same way. So every output is bitwise equal.
+template <int BN, class Acc>
+__device__ __forceinline__ void store_swiglu_bwd_staged(const GemmParams& p, const WorkTile& w,
+                                                        Acc&& acc, int wg, int t, char* buf) {
+  const int F = p.N, row_base = 64 * wg;
+  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
+  float dw_rows[2] = {0.f, 0.f};
+  // The pair (i, i + 1) of this thread: out[0..1] = dh_gate, dh_up or w·a (which = 0, 1, 2).
+  auto pair = [&](int i, int which) -> float2 {
+    const int r = row_base + frag_row(i, t);
+    const int f = w.n_tile * BN + frag_col(i, t);
+    if (r >= w.rows || f >= F) return make_float2(0.f, 0.f);  // never stored
+    const int64_t pos = w.row0 + r;
+    const float wt = p.topk_weights[p.sorted_slot[pos]];
+    const bf16* h = static_cast<const bf16*>(p.h) + pos * 2 * F;
+    const float2 hg = load2(h + f);
+    const float2 hu = load2(h + F + f);
+    float out[2];
+    const float gv[2] = {acc(i), acc(i + 1)};
+    const float hgv[2] = {hg.x, hg.y}, huv[2] = {hu.x, hu.y};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const float s = sigmoidf(hgv[q]);
+      const float silu = hgv[q] * s;
+      const float a = silu * huv[q];
+      if (which == 0) dw_rows[(i >> 1) & 1] += gv[q] * a;
+      const float da = wt * gv[q];
+      out[q] = which == 0   ? da * huv[q] * s * (1.f + hgv[q] * (1.f - s))
+               : which == 1 ? da * silu
+                            : wt * a;
+    }
+    return make_float2(out[0], out[1]);
+  };
+  bf16* dh = static_cast<bf16*>(p.out);
+  bf16* aw = static_cast<bf16*>(p.out2);
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass) {
+    const int col0 = w.n_tile * BN + 64 * pass;
+#pragma unroll
+    for (int which = 0; which < 3; ++which)
+      staged_pass(
+          buf, barrier, t, pass, row_base, w.rows, col0, F, [&](int i) { return pair(i, which); },
+          [&](int row, int n) {
+            const int64_t pos = w.row0 + row;
+            return which == 2 ? aw + pos * F + n : dh + pos * 2 * F + (which == 1 ? F : 0) + n;
+          });
+  }
+  // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    float s = dw_rows[rh];
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    const int r = row_base + frag_row(2 * rh, t);
+    if ((t & 3) == 0 && r < w.rows) p.dw_part[(int64_t)(w.row0 + r) * p.n_tiles + w.n_tile] = s;
+  }
+}
+
 template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA, bool kStagedOut = false>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -444,7 +506,11 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       }
       warpgroup_wait<0>();
       if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
-      if constexpr (kStagedOut && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)) {
+      if constexpr (kStagedOut && kEpi == Epi::kSwiGLUBwd) {
+        store_swiglu_bwd_staged<BN>(
+            p, w, [&](int i) { return acc(i); }, wg - 1, t,
+            out_stage + (wg - 1) * (kOutStageBytes / 2));
+      } else if constexpr (kStagedOut && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)) {
         store_glu_staged<kEpi, BN>(
             p, w, [&](int i) { return acc(i); }, wg - 1, t,
             out_stage + (wg - 1) * (kOutStageBytes / 2));

@@ -94,6 +94,15 @@ inline bool UseStagedGlu(size_t smem_needed) {
   return env && env[0] == '1' && UseStagedStores(smem_needed);
 }
 
+// The backward's dy·Wdᵀ + SwiGLU-backward epilogue (dh and w·a) through shared memory too
+// (mainloop.cuh: store_swiglu_bwd_staged). Experimental: compile-checked, NOT yet run on a GPU
+// (2026-11-30); JAX_MOK_CUDA_STAGED_BWD=1 turns it on where the staging area fits. Aimed at the
+// epilogue-bound dy·Wdᵀ GEMM (S3: 11.2 ms for 3.85 TFLOP; S1 3.2 ms for 0.82).
+inline bool UseStagedBwd(size_t smem_needed) {
+  const char* env = std::getenv("JAX_MOK_CUDA_STAGED_BWD");
+  return env && env[0] == '1' && UseStagedStores(smem_needed);
+}
+
 template <class T, Mode kMode, Epi kEpi>
 cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t stream) {
 #ifdef JAX_MOK_HAVE_CUTLASS
@@ -126,11 +135,19 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
                 if (UseStagedGlu(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
                   return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
               }
+              if constexpr (kEpi == Epi::kSwiGLUBwd) {
+                if (UseStagedBwd(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
+                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
+              }
               return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
             }
           }
           if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
             if (UseStagedGlu(wgmma_smem_bytes<kMode, true, false, true>(p.experts)))
+              return launch_wgmma_gemm<kMode, kEpi, true, false, true>(with_map, sms, stream);
+          }
+          if constexpr (kEpi == Epi::kSwiGLUBwd) {
+            if (UseStagedBwd(wgmma_smem_bytes<kMode, true, false, true>(p.experts)))
               return launch_wgmma_gemm<kMode, kEpi, true, false, true>(with_map, sms, stream);
           }
           return launch_wgmma_gemm<kMode, kEpi, true>(with_map, sms, stream);
