@@ -60,10 +60,13 @@ inline bool UseTmaWgrad() {
 // pass, so it pays where the gate/up GEMM is long per row, i.e. for a large FFN width. Measured on
 // an H200 (2026-11-29, docs/perf-notes.md), gate/up GEMM + gather against the row gather: S3
 // (F = 14336) 13.6 → 11.9 ms, S6 (2048) 0.65 → 0.62, S2 (2048) 7.70 → 7.68, S4 (3072) 9.44 →
-// 10.04, S1 (768) 3.25 → 3.53. Default: on for F ≥ 4096; JAX_MOK_CUDA_PREGATHER_X=1 / =0 forces it.
-inline bool UsePregatherX(int64_t ffn) {
+// 10.04, S1 (768) 3.25 → 3.53. Default: on for F ≥ 4096, and for F ≥ 2048 with at least 512
+// rows per expert on average (S6; S4's 112 rows lost: the gather does not pay for short experts);
+// JAX_MOK_CUDA_PREGATHER_X=1 / =0 forces it. (The S6 rule: one profiled sample, branch only.)
+inline bool UsePregatherX(int64_t ffn, int64_t rows_per_expert) {
   const char* env = std::getenv("JAX_MOK_CUDA_PREGATHER_X");
-  const bool want = (env && env[0]) ? env[0] == '1' : ffn >= 4096;
+  const bool want =
+      (env && env[0]) ? env[0] == '1' : ffn >= 4096 || (ffn >= 2048 && rows_per_expert >= 512);
   return UseTma() && UseTmaA() && want;
 }
 
