@@ -217,6 +217,9 @@ TMA_SWITCHES = [
     # the backward's dh and w·a (dy·Wd^T + SwiGLU backward) through shared memory, the partial
     # d_w sums in the same order (default off)
     "JAX_MOK_CUDA_STAGED_BWD",
+    # routed-BN GEMMs in 2-CTA clusters sharing the weight boxes by multicast (default off);
+    # "one_expert" gives an odd m-tile count, so a pair's second CTA gets an empty tile
+    "JAX_MOK_CUDA_PAIR",
 ]
 
 
