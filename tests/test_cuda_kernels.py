@@ -198,40 +198,6 @@ def test_simt_oracle_matches_wgmma(monkeypatch):
         assert err <= 5e-3, f"{name}: wgmma vs SIMT rel error {err:.3e}"
 
 
-TMA_SWITCHES = [
-    "JAX_MOK_CUDA_TMA",  # weight tiles by TMA (default; =0: every operand by cp.async)
-    "JAX_MOK_CUDA_TMA_A",  # non-gathered activations by TMA too (default; =0: cp.async for A)
-    # x, dy gathered into expert order first; weight-gradient GEMMs by TMA (default; =0: the
-    # row-by-row cp.async gathers). Expert counts that are not multiples of 64 exercise the
-    # zeroed tail rows, H = 264 the zero fill past M / N.
-    "JAX_MOK_CUDA_TMA_WGRAD",
-    # row outputs stored through shared memory (default; =0: 4-byte pair stores). H = 264,
-    # 2F = 400: partial tiles in both dimensions.
-    "JAX_MOK_CUDA_STAGED_STORES",
-    # forward: x gathered into expert order first, the gate/up GEMM's A by TMA (default for
-    # F >= 4096, so off at this test's F = 200: =1 forces it on)
-    "JAX_MOK_CUDA_PREGATHER_X",
-]
-
-
-@pytest.mark.parametrize("switch", TMA_SWITCHES)
-@pytest.mark.parametrize("kind", ["balanced", "one_expert"])
-def test_tma_matches_cp_async(monkeypatch, kind, switch):
-    """TMA fills shared memory with the same values as cp.async, so every output is bitwise
-    equal with the switch off and on. F = 200 leaves a partial gate/up tile."""
-    from jax_mok import _ffi
-
-    if not _ffi.cuda_module().device_info().get("wgmma_path", False):
-        pytest.skip("built without CUTLASS headers: no wgmma path")
-    args = _problem(9, 700, 264, 200, 8, 2, jnp.bfloat16, kind)
-    monkeypatch.setenv(switch, "0")
-    plain = [np.asarray(a) for a in _routed("cuda")(*args)]
-    monkeypatch.setenv(switch, "1")
-    tma = [np.asarray(a) for a in _routed("cuda")(*args)]
-    for name, a, b in zip(NAMES, plain, tma, strict=True):
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: {switch}=1 differs"
-
-
 def _routed_policy(save):
     from jax_mok import autodiff
 
@@ -277,3 +243,55 @@ def test_rejects_hidden_not_multiple_of_8():
     call = jax.ffi.ffi_call("mok_moe_fwd", jax.ShapeDtypeStruct((T, H), jnp.bfloat16))
     with pytest.raises(Exception, match="multiples of 8"):
         jax.block_until_ready(call(x, ids, w, wgu, wd))
+
+
+# Last in this file: a switch that hung (a pipeline bug) would be cut by the caller's timeout
+# after every other test has reported.
+TMA_SWITCHES = [
+    "JAX_MOK_CUDA_TMA",  # weight tiles by TMA (default; =0: every operand by cp.async)
+    "JAX_MOK_CUDA_TMA_A",  # non-gathered activations by TMA too (default; =0: cp.async for A)
+    # x, dy gathered into expert order first; weight-gradient GEMMs by TMA (default; =0: the
+    # row-by-row cp.async gathers). Expert counts that are not multiples of 64 exercise the
+    # zeroed tail rows, H = 264 the zero fill past M / N.
+    "JAX_MOK_CUDA_TMA_WGRAD",
+    # row outputs stored through shared memory (default; =0: 4-byte pair stores). H = 264,
+    # 2F = 400: partial tiles in both dimensions.
+    "JAX_MOK_CUDA_STAGED_STORES",
+    # forward: x gathered into expert order first, the gate/up GEMM's A by TMA (default for
+    # F >= 4096, so off at this test's F = 200: =1 forces it on)
+    "JAX_MOK_CUDA_PREGATHER_X",
+    # the forward's SwiGLU outputs (a, and h when saved) through shared memory (default off);
+    # F = 200: the second gate/up tile has one valid 8-column chunk in its second pass
+    "JAX_MOK_CUDA_STAGED_GLU",
+    # the backward's dh and w·a (dy·Wd^T + SwiGLU backward) through shared memory, the partial
+    # d_w sums in the same order (default off)
+    "JAX_MOK_CUDA_STAGED_BWD",
+    # routed-BN GEMMs in 2-CTA clusters sharing the weight boxes by multicast (default off);
+    # "one_expert" gives an odd m-tile count, so a pair's second CTA gets an empty tile
+    "JAX_MOK_CUDA_PAIR",
+]
+
+
+@pytest.mark.parametrize("switch", TMA_SWITCHES)
+@pytest.mark.parametrize("kind", ["balanced", "one_expert"])
+def test_tma_matches_cp_async(monkeypatch, kind, switch):
+    """TMA fills shared memory with the same values as cp.async, so every output is bitwise
+    equal with the switch off and on. F = 200 leaves a partial gate/up tile."""
+    from jax_mok import _ffi
+
+    if not _ffi.cuda_module().device_info().get("wgmma_path", False):
+        pytest.skip("built without CUTLASS headers: no wgmma path")
+    args = _problem(9, 700, 264, 200, 8, 2, jnp.bfloat16, kind)
+    from jax_mok import autodiff
+
+    # The inference forward too: no saved pre-activations, so other epilogues (kSwiGLU).
+    forward = jax.jit(lambda x, ids, w, wgu, wd: autodiff.routed_experts(
+        x, ids, w, wgu, wd, implementation="cuda", save_activations=False))
+    monkeypatch.setenv(switch, "0")
+    plain = [np.asarray(a) for a in _routed("cuda")(*args)]
+    plain.append(np.asarray(forward(*args[:5])))
+    monkeypatch.setenv(switch, "1")
+    tma = [np.asarray(a) for a in _routed("cuda")(*args)]
+    tma.append(np.asarray(forward(*args[:5])))
+    for name, a, b in zip((*NAMES, "y (inference)"), plain, tma, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: {switch}=1 differs"

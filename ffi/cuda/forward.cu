@@ -10,8 +10,8 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
                    const T* wd, T* y, T* h_save) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
   const bool wgmma = UseWgmma(pr.dtype);
-  const bool pregather = wgmma && UsePregatherX(F);  // moe.cuh: on for a large FFN width
-  T* x_sorted = nullptr;                             // [P, H] x[sorted_token] (pregather only)
+  const bool pregather = wgmma && UsePregatherX(F, TK / pr.experts);  // moe.cuh: long GEMMs
+  T* x_sorted = nullptr;  // [P, H] x[sorted_token] (pregather only)
   auto layout = [&](Carve& c, Routing* r, T** act, T** y_part) {
     *r = CarveRouting(c, pr, ids);
     *act = c.take<T>(TK * F);     // [P, F]

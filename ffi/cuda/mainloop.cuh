@@ -10,6 +10,7 @@
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
 #pragma once
 
+#include <cstdlib>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -102,9 +103,9 @@ __device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_
 // B boxes of one stage (one thread): 4 boxes of 64(n)×64(k) (N-major B) or one of 64(k)×256(n)
 // (K-major B). Out-of-range boxes are zero-filled and still count their full size; gate columns
 // past F read up columns, which the epilogue masks.
-template <Mode kMode, int BN>
+template <Mode kMode, int BN, bool kPair = false>
 __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkTile& w, int k0,
-                                                uint32_t stage_b, uint64_t* bar) {
+                                                uint32_t stage_b, uint64_t* bar, int rank = 0) {
   if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
     for (int j = 0; j < BN / 64; ++j) {
@@ -112,32 +113,62 @@ __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkT
       const int n = p.glu ? (64 * j < half ? w.n_tile * half + 64 * j
                                            : p.glu_offset + w.n_tile * half + 64 * j - half)
                           : w.n_tile * BN + 64 * j;
-      tma_load_3d(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert);
+      if constexpr (kPair) {  // this CTA loads its half of the boxes into both CTAs of the pair
+        if (j / (BN / 128) == rank)
+          tma_load_3d_multicast(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert, 0x3);
+      } else {
+        tma_load_3d(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert);
+      }
     }
   } else {
     tma_load_3d(stage_b, &p.tmap_b, bar, k0, w.n_tile * BN, w.expert);
   }
 }
 
-template <Mode kMode, bool kTma, bool kTmaA>
+// The tiles of this CTA: every gridDim-th single tile, or (kPair) every (gridDim/2)-th pair
+// tile of this CTA's cluster, at its rank's m-tile.
+template <Mode kMode, bool kPair>
+struct TileWalk {
+  int first, stride, total, rank;
+  const int *s_pair, *s_prefix, *s_offset;
+  __device__ __forceinline__ TileWalk(const GemmParams& p, const int* pair_prefix,
+                                      const int* prefix, const int* offset)
+      : s_pair(pair_prefix), s_prefix(prefix), s_offset(offset) {
+    if constexpr (kPair) {
+      rank = static_cast<int>(cluster_rank());
+      first = blockIdx.x >> 1, stride = gridDim.x >> 1, total = pair_prefix[p.experts] * p.n_tiles;
+    } else {
+      rank = 0, first = blockIdx.x, stride = gridDim.x, total = total_tiles<kMode>(p, prefix);
+    }
+  }
+  __device__ __forceinline__ WorkTile operator()(const GemmParams& p, int tile) const {
+    if constexpr (kPair)
+      return decode_pair_tile(p, tile, rank, s_pair, s_offset);
+    else
+      return decode_tile<kMode>(p, tile, s_prefix, s_offset);
+  }
+};
+
+template <Mode kMode, bool kTma, bool kTmaA, bool kPair = false>
 __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
                              int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa,
-                             uint32_t sb, int t) {
+                             uint32_t sb, int t, const int* s_pair = nullptr) {
+  static_assert(!kPair || (kMode == Mode::kRoutedBN && kTma), "pairs: routed-BN, TMA weights");
   using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
   using LA = typename Cfg::SmemLayoutA;
   using LB = typename Cfg::SmemLayoutB;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
   const bf16* b = static_cast<const bf16*>(p.b);
-  const int total = total_tiles<kMode>(p, s_prefix);
   int stage = 0, phase = 0;
   if constexpr (kTmaA) {
     // A is not gathered: both operands by TMA, one thread drives the ring. Rows past the
     // expert's count belong to the next expert (or past the allocation: zero-filled); their
     // accumulator rows are never stored.
     if (t != 0) return;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+    const TileWalk<kMode, kPair> walk(p, s_pair, s_prefix, s_offset);
+    for (int tile = walk.first; tile < walk.total; tile += walk.stride) {
+      const WorkTile w = walk(p, tile);
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
         mbar_wait(&empty[stage], phase ^ 1);
         const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
@@ -154,15 +185,16 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
             tma_load_2d(stage_b + j * 8192, &p.tmap_b, &full[stage], w.n_tile * BN + 64 * j, pos);
         } else {
           tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
-          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
+          tma_weight_tile<kMode, BN, kPair>(p, w, k0, stage_b, &full[stage], walk.rank);
         }
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
     return;
   }
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+  const TileWalk<kMode, kPair> walk(p, s_pair, s_prefix, s_offset);
+  for (int tile = walk.first; tile < walk.total; tile += walk.stride) {
+    const WorkTile w = walk(p, tile);
     if constexpr (kMode != Mode::kRoutedK) {
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
@@ -188,7 +220,7 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
         if constexpr (kTma) {
           if (t == 0) {
             mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesB);
-            tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
+            tma_weight_tile<kMode, BN, kPair>(p, w, k0, stage_b, &full[stage], walk.rank);
           }
         } else if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
@@ -261,14 +293,41 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
 // Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
 constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
 
+// One 64 × 64 pass of a warpgroup's output through shared memory (`buf`: rows of 128 bytes,
+// 16-byte chunks XOR-swizzled by row: conflict-free for the fragment layout and for the
+// read-out). Each thread writes the pairs value(i) of its accumulator indices i in
+// [32 pass, 32 pass + 32) (the pass's 64 columns), then every thread stores whole 16-byte chunks,
+// 8 consecutive threads per 128-byte row: full, coalesced lines instead of 4-byte pair stores.
+// Warpgroup row `row` (row_base + 0..63, kept below `rows`) and column n (col0 + 0..63, kept
+// below `cols`, a multiple of 8: a chunk is wholly in or out) go to at(row, n). One
+// __floats2bfloat162_rn per pair, as store2.
+template <class Value, class At>
+__device__ __forceinline__ void staged_pass(char* buf, uint32_t barrier, int t, int pass,
+                                            int row_base, int rows, int col0, int cols,
+                                            Value&& value, At&& at) {
+#pragma unroll
+  for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+    const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
+    const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+    const float2 v = value(i);
+    *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(v.x, v.y);
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int idx = t + 128 * j, r = idx >> 3, chunk = idx & 7;
+    const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128 + ((chunk ^ (r & 7)) << 4));
+    const int row = row_base + r, n = col0 + chunk * 8;
+    if (row < rows && n < cols) *reinterpret_cast<uint4*>(at(row, n)) = v;
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
+}
+
 // kStoreCast / kWeighted / kStoreRows through shared memory (default; =0 turns it off;
-// moe.cuh): the warpgroup's 64 × BN tile goes out in BN/64 passes of 64 × 64. Each pass writes
-// the accumulator pairs into `buf` (rows of 128 bytes, 16-byte chunks XOR-swizzled by row:
-// conflict-free for the fragment layout and for the read-out), then every thread stores whole
-// 16-byte chunks, 8 consecutive threads per 128-byte row: full, coalesced lines instead of the
-// 4-byte pair stores of run_epilogue. Same rounding (kWeighted: the routing weight times the
-// accumulator, then one __floats2bfloat162_rn per pair), so the output is bitwise equal. The
-// routing weight is loaded once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
+// moe.cuh): the warpgroup's 64 × BN tile goes out in BN/64 staged passes. Same rounding as
+// run_epilogue (kWeighted: the routing weight times the accumulator, then one
+// __floats2bfloat162_rn per pair), so the output is bitwise equal. The routing weight is loaded
+// once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
 template <Epi kEpi, int BN, class Acc>
 __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, char* buf) {
@@ -288,32 +347,120 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
   }
   const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
 #pragma unroll
-  for (int pass = 0; pass < BN / 64; ++pass) {
+  for (int pass = 0; pass < BN / 64; ++pass)
+    staged_pass(
+        buf, barrier, t, pass, row_base, w.rows, w.n_tile * BN + 64 * pass, p.N,
+        [&](int i) {
+          float v0 = acc(i), v1 = acc(i + 1);
+          if constexpr (kEpi == Epi::kWeighted) {
+            const float wt = scale[(i >> 1) & 1];
+            v0 = wt * v0, v1 = wt * v1;
+          }
+          return make_float2(v0, v1);
+        },
+        [&](int row, int n) { return out + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
+}
+
+// kSwiGLU / kSwiGLUSave through shared memory (JAX_MOK_CUDA_STAGED_GLU=1; experimental, default
+// off): the warpgroup's 64 × BN/2 activations a = silu(gate) · up go out in two 64 × 64 passes,
+// and with kSwiGLUSave the 64 × BN/2 gate and up halves of h in two passes each. Same arithmetic
+// and rounding as run_epilogue (store2), so the outputs are bitwise equal.
+template <Epi kEpi, int BN, class Acc>
+__device__ __forceinline__ void store_glu_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                                 int wg, int t, char* buf) {
+  static_assert(kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave, "the forward's GLU epilogues");
+  static_assert(BN == 256, "two 64-column passes per half");
+  constexpr int kUp = BN / 4;  // gate value i pairs with up value i + kUp (column + BN/2)
+  const int F = p.N, row_base = 64 * wg;
+  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
+  bf16* act = static_cast<bf16*>(p.out);
+  bf16* h = static_cast<bf16*>(p.out2);  // [P, 2F]: gate | up (kSwiGLUSave)
 #pragma unroll
-    for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
-      const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
-      const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
-      float v0 = acc(i), v1 = acc(i + 1);
-      if constexpr (kEpi == Epi::kWeighted) {
-        const float wt = scale[(i >> 1) & 1];
-        v0 = wt * v0, v1 = wt * v1;
-      }
-      *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(v0, v1);
-    }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+  for (int pass = 0; pass < 2; ++pass) {
+    const int col0 = w.n_tile * (BN / 2) + 64 * pass;
+    staged_pass(
+        buf, barrier, t, pass, row_base, w.rows, col0, F,
+        [&](int i) {
+          const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
+          return make_float2(g0 * sigmoidf(g0) * u0, g1 * sigmoidf(g1) * u1);
+        },
+        [&](int row, int n) { return act + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
+    if constexpr (kEpi == Epi::kSwiGLUSave) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int idx = t + 128 * j, r = idx >> 3, chunk = idx & 7;
-      const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128 + ((chunk ^ (r & 7)) << 4));
-      const int row = row_base + r, n = w.n_tile * BN + 64 * pass + chunk * 8;
-      if (row < w.rows && n < p.N)  // N is a multiple of 8: a chunk is wholly in or out
-        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(w.row0 + row) * p.ldo + n) = v;
+      for (int half = 0; half < 2; ++half)  // gate columns, then up columns (F further on)
+        staged_pass(
+            buf, barrier, t, pass, row_base, w.rows, col0, F,
+            [&](int i) { return make_float2(acc(i + half * kUp), acc(i + half * kUp + 1)); },
+            [&](int row, int n) {
+              return h + static_cast<int64_t>(w.row0 + row) * 2 * F + half * F + n;
+            });
     }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
   }
 }
 
-template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA, bool kStagedOut = false>
+// kSwiGLUBwd through shared memory (JAX_MOK_CUDA_STAGED_BWD=1; experimental, default off): for
+// each 64-column pass, dh_gate, dh_up and w·a go out in three staged passes, each recomputing its
+// value from the accumulator and h exactly as run_epilogue does (the h pairs of the second and
+// third pass come from L1); the partial d_w sums are accumulated in the first pass only, in
+// run_epilogue's order, and reduced the same way. So every output is bitwise equal.
+template <int BN, class Acc>
+__device__ __forceinline__ void store_swiglu_bwd_staged(const GemmParams& p, const WorkTile& w,
+                                                        Acc&& acc, int wg, int t, char* buf) {
+  const int F = p.N, row_base = 64 * wg;
+  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
+  float dw_rows[2] = {0.f, 0.f};
+  // The pair (i, i + 1) of this thread: out[0..1] = dh_gate, dh_up or w·a (which = 0, 1, 2).
+  auto pair = [&](int i, int which) -> float2 {
+    const int r = row_base + frag_row(i, t);
+    const int f = w.n_tile * BN + frag_col(i, t);
+    if (r >= w.rows || f >= F) return make_float2(0.f, 0.f);  // never stored
+    const int64_t pos = w.row0 + r;
+    const float wt = p.topk_weights[p.sorted_slot[pos]];
+    const bf16* h = static_cast<const bf16*>(p.h) + pos * 2 * F;
+    const float2 hg = load2(h + f);
+    const float2 hu = load2(h + F + f);
+    float out[2];
+    const float gv[2] = {acc(i), acc(i + 1)};
+    const float hgv[2] = {hg.x, hg.y}, huv[2] = {hu.x, hu.y};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const float s = sigmoidf(hgv[q]);
+      const float silu = hgv[q] * s;
+      const float a = silu * huv[q];
+      if (which == 0) dw_rows[(i >> 1) & 1] += gv[q] * a;
+      const float da = wt * gv[q];
+      out[q] = which == 0   ? da * huv[q] * s * (1.f + hgv[q] * (1.f - s))
+               : which == 1 ? da * silu
+                            : wt * a;
+    }
+    return make_float2(out[0], out[1]);
+  };
+  bf16* dh = static_cast<bf16*>(p.out);
+  bf16* aw = static_cast<bf16*>(p.out2);
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass) {
+    const int col0 = w.n_tile * BN + 64 * pass;
+#pragma unroll
+    for (int which = 0; which < 3; ++which)
+      staged_pass(
+          buf, barrier, t, pass, row_base, w.rows, col0, F, [&](int i) { return pair(i, which); },
+          [&](int row, int n) {
+            const int64_t pos = w.row0 + row;
+            return which == 2 ? aw + pos * F + n : dh + pos * 2 * F + (which == 1 ? F : 0) + n;
+          });
+  }
+  // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    float s = dw_rows[rh];
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    const int r = row_base + frag_row(2 * rh, t);
+    if ((t & 3) == 0 && r < w.rows) p.dw_part[(int64_t)(w.row0 + r) * p.n_tiles + w.n_tile] = s;
+  }
+}
+
+template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA, bool kStagedOut = false, bool kPair = false>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
@@ -328,9 +475,12 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // [128] producer only
   int* s_prefix = reinterpret_cast<int*>(s_rows + 128);           // [E+1]
   int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
-  // [kOutStageBytes] after the offsets, 128-byte aligned (kStagedOut only)
+  int* s_pair = s_offset + p.experts + 1;                         // [E+1] (kPair only)
+  // [kOutStageBytes] after the offsets (and pair prefix), 128-byte aligned (kStagedOut only)
   char* out_stage = reinterpret_cast<char*>(
-      (reinterpret_cast<uintptr_t>(s_offset + p.experts + 1) + 127) & ~uintptr_t{127});
+      (reinterpret_cast<uintptr_t>(kPair ? s_pair + p.experts + 1 : s_offset + p.experts + 1) +
+       127) &
+      ~uintptr_t{127});
 
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
     s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
@@ -340,10 +490,25 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     for (int s = 0; s < kStages; ++s) {
       // every producer thread arrives once its copies land (+1: the TMA expect_tx arrival)
       mbar_init(&full[s], kTmaA ? 1 : (kTma ? 129 : 128));
-      mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
+      // one thread per consumer warpgroup (kPair: of both CTAs: the weight boxes of a stage are
+      // multicast into both, so neither refills it before both have read it)
+      mbar_init(&empty[s], kPair ? 4 : 2);
     }
+    if constexpr (kPair) fence_mbarrier_init_cluster();
   }
   __syncthreads();
+  if constexpr (kPair) {
+    if (threadIdx.x == 0) {  // exclusive prefix of ceil(m_tiles / 2) per expert
+      int acc = 0;
+      for (int e = 0; e < p.experts; ++e) {
+        s_pair[e] = acc;
+        acc += (s_prefix[e + 1] - s_prefix[e] + 1) >> 1;
+      }
+      s_pair[p.experts] = acc;
+    }
+    __syncthreads();
+    cluster_sync();  // the peer's barriers are initialized before any multicast or remote arrive
+  }
 
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
@@ -352,8 +517,8 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
       if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
     }
-    run_producer<kMode, kTma, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
-                                     smem_u32(ring_b), t);
+    run_producer<kMode, kTma, kTmaA, kPair>(p, s_prefix, s_offset, s_rows, full, empty,
+                                            smem_u32(ring_a), smem_u32(ring_b), t, s_pair);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
@@ -364,10 +529,15 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
     Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
-    const int total = total_tiles<kMode>(p, s_prefix);
+    const TileWalk<kMode, kPair> walk(p, s_pair, s_prefix, s_offset);
+    // kPair: a released stage is released in the peer CTA's empty barrier as well
+    auto release = [&](int s) {
+      mbar_arrive(&empty[s]);
+      if constexpr (kPair) mbar_arrive_cluster(&empty[s], walk.rank ^ 1);
+    };
     int stage = 0, phase = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+    for (int tile = walk.first; tile < walk.total; tile += walk.stride) {
+      const WorkTile w = walk(p, tile);
       clear(acc);
       int prev = -1;
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
@@ -385,13 +555,21 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
         warpgroup_commit_batch();
         warpgroup_wait<1>();  // the previous stage's wgmma is done: hand its buffers back
         warpgroup_fence_operand(acc);
-        if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
+        if (prev >= 0 && t == 0) release(prev);
         prev = stage;
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
       warpgroup_wait<0>();
-      if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
-      if constexpr (kStagedOut) {
+      if (prev >= 0 && t == 0) release(prev);
+      if constexpr (kStagedOut && kEpi == Epi::kSwiGLUBwd) {
+        store_swiglu_bwd_staged<BN>(
+            p, w, [&](int i) { return acc(i); }, wg - 1, t,
+            out_stage + (wg - 1) * (kOutStageBytes / 2));
+      } else if constexpr (kStagedOut && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)) {
+        store_glu_staged<kEpi, BN>(
+            p, w, [&](int i) { return acc(i); }, wg - 1, t,
+            out_stage + (wg - 1) * (kOutStageBytes / 2));
+      } else if constexpr (kStagedOut) {
         store_rows_staged<kEpi, BN>(
             p, w, [&](int i) { return acc(i); }, wg - 1, t,
             out_stage + (wg - 1) * (kOutStageBytes / 2));
@@ -400,18 +578,53 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       }
     }
   }
+  // kPair: neither CTA leaves while the other may still multicast into it or arrive on its
+  // barriers (the early-returning producer threads have exited and do not count).
+  if constexpr (kPair) cluster_sync();
 #endif
 }
 
-template <Mode kMode, bool kTma, bool kTmaA, bool kStagedOut>
+template <Mode kMode, bool kTma, bool kTmaA, bool kStagedOut, bool kPair = false>
 size_t wgmma_smem_bytes(int experts) {
   return WgmmaConfig<kMode, kTma, kTmaA>::smem_bytes(experts) +
-         (kStagedOut ? 128 + kOutStageBytes : 0);
+         (kStagedOut ? 128 + kOutStageBytes : 0) + (kPair ? sizeof(int) * (experts + 1) : 0);
+}
+
+// JAX_MOK_CUDA_PAIR=1 (experimental, compile-checked only): routed-BN GEMMs with TMA weights run
+// in 2-CTA clusters, the two m-tiles of a pair sharing each weight box by multicast (half the
+// weight traffic from L2 per CTA, and the pair kept in step).
+inline bool UsePairs() {
+  const char* env = std::getenv("JAX_MOK_CUDA_PAIR");
+  return env && env[0] == '1';
 }
 
 template <Mode kMode, Epi kEpi, bool kTma = false, bool kTmaA = false, bool kStagedOut = false>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
   using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
+  if constexpr (kMode == Mode::kRoutedBN && kTma) {
+    const size_t smem = wgmma_smem_bytes<kMode, kTma, kTmaA, kStagedOut, true>(p.experts);
+    int device = 0, limit = 0;
+    if (UsePairs() && num_sms >= 2 && cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+            cudaSuccess &&
+        smem <= static_cast<size_t>(limit)) {
+      auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA, kStagedOut, true>;
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+      if (err != cudaSuccess) return err;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(num_sms / 2 * 2));
+      config.blockDim = dim3(Cfg::kThreads);
+      config.dynamicSmemBytes = smem;
+      config.stream = stream;
+      cudaLaunchAttribute cluster = {};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      return cudaLaunchKernelEx(&config, kernel, p);
+    }
+  }
   const size_t smem = wgmma_smem_bytes<kMode, kTma, kTmaA, kStagedOut>(p.experts);
   auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA, kStagedOut>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -60,10 +60,13 @@ inline bool UseTmaWgrad() {
 // pass, so it pays where the gate/up GEMM is long per row, i.e. for a large FFN width. Measured on
 // an H200 (2026-11-29, docs/perf-notes.md), gate/up GEMM + gather against the row gather: S3
 // (F = 14336) 13.6 → 11.9 ms, S6 (2048) 0.65 → 0.62, S2 (2048) 7.70 → 7.68, S4 (3072) 9.44 →
-// 10.04, S1 (768) 3.25 → 3.53. Default: on for F ≥ 4096; JAX_MOK_CUDA_PREGATHER_X=1 / =0 forces it.
-inline bool UsePregatherX(int64_t ffn) {
+// 10.04, S1 (768) 3.25 → 3.53. Default: on for F ≥ 4096, and for F ≥ 2048 with at least 512
+// rows per expert on average (S6; S4's 112 rows lost: the gather does not pay for short experts);
+// JAX_MOK_CUDA_PREGATHER_X=1 / =0 forces it. (The S6 rule: one profiled sample, branch only.)
+inline bool UsePregatherX(int64_t ffn, int64_t rows_per_expert) {
   const char* env = std::getenv("JAX_MOK_CUDA_PREGATHER_X");
-  const bool want = (env && env[0]) ? env[0] == '1' : ffn >= 4096;
+  const bool want =
+      (env && env[0]) ? env[0] == '1' : ffn >= 4096 || (ffn >= 2048 && rows_per_expert >= 512);
   return UseTma() && UseTmaA() && want;
 }
 
@@ -82,6 +85,25 @@ inline bool UseStagedStores(size_t smem_needed) {
           cudaSuccess)
     return false;
   return smem_needed <= static_cast<size_t>(limit);
+}
+
+// The forward's SwiGLU epilogues (activations, and h when saved) through shared memory as well
+// (mainloop.cuh: store_glu_staged). Experimental: compile-checked, NOT yet run on a GPU
+// (2026-11-30); JAX_MOK_CUDA_STAGED_GLU=1 turns it on where the staging area fits. Aimed at the
+// gate/up GEMMs with short K (S1, S6: K = 2048), whose 4-byte pair stores of a (and of h in
+// training) resemble the down GEMM's before the staged row stores (S1: 3.64 → 1.36 ms).
+inline bool UseStagedGlu(size_t smem_needed) {
+  const char* env = std::getenv("JAX_MOK_CUDA_STAGED_GLU");
+  return env && env[0] == '1' && UseStagedStores(smem_needed);
+}
+
+// The backward's dy·Wdᵀ + SwiGLU-backward epilogue (dh and w·a) through shared memory too
+// (mainloop.cuh: store_swiglu_bwd_staged). Experimental: compile-checked, NOT yet run on a GPU
+// (2026-11-30); JAX_MOK_CUDA_STAGED_BWD=1 turns it on where the staging area fits. Aimed at the
+// epilogue-bound dy·Wdᵀ GEMM (S3: 11.2 ms for 3.85 TFLOP; S1 3.2 ms for 0.82).
+inline bool UseStagedBwd(size_t smem_needed) {
+  const char* env = std::getenv("JAX_MOK_CUDA_STAGED_BWD");
+  return env && env[0] == '1' && UseStagedStores(smem_needed);
 }
 
 template <class T, Mode kMode, Epi kEpi>
@@ -112,8 +134,24 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
                 if (UseStagedStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
                   return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
               }
+              if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
+                if (UseStagedGlu(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
+                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
+              }
+              if constexpr (kEpi == Epi::kSwiGLUBwd) {
+                if (UseStagedBwd(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
+                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
+              }
               return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
             }
+          }
+          if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
+            if (UseStagedGlu(wgmma_smem_bytes<kMode, true, false, true>(p.experts)))
+              return launch_wgmma_gemm<kMode, kEpi, true, false, true>(with_map, sms, stream);
+          }
+          if constexpr (kEpi == Epi::kSwiGLUBwd) {
+            if (UseStagedBwd(wgmma_smem_bytes<kMode, true, false, true>(p.experts)))
+              return launch_wgmma_gemm<kMode, kEpi, true, false, true>(with_map, sms, stream);
           }
           return launch_wgmma_gemm<kMode, kEpi, true>(with_map, sms, stream);
         }
