@@ -11,6 +11,7 @@ Both targets are ``has_side_effect=True``: every rank must issue the same sequen
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -114,4 +115,78 @@ def _combine_bwd(workspace_id, residuals, ct_y):
 combine.defvjp(_combine_fwd, _combine_bwd)
 
 
-__all__ = ["combine", "dispatch"]
+def fused_enabled() -> bool:
+    """``JAX_MOK_PEER_FUSED`` (default on; ``0`` = the staged calls also for inference), read
+    at trace time."""
+    return os.environ.get("JAX_MOK_PEER_FUSED", "1") != "0"
+
+
+def _staged_experts(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id,
+                    implementation, save_activations):
+    """dispatch -> the local experts on every received row -> combine (three calls)."""
+    from jax_mok import autodiff  # autodiff imports routing; keep this module light at import
+
+    ep, rows, H = send_x.shape
+    recv_x, recv_ids, recv_w = dispatch(send_x, send_ids, send_w, workspace_id)
+    out = autodiff.routed_experts(
+        recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
+        recv_w.reshape(ep * rows, -1), w_gate_up, w_down,
+        implementation=implementation, save_activations=save_activations)  # [EP * R, H]
+    return combine(out.reshape(ep, rows, H), home_row, workspace_id)
+
+
+def _fused_call(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id):
+    T, H = home_row.shape[0], send_x.shape[-1]
+    call = jax.ffi.ffi_call("mok_ep_moe_fwd", jax.ShapeDtypeStruct((T, H), jnp.float32),
+                            has_side_effect=True)
+    return call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                workspace_id=np.int64(workspace_id))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def experts_over_peers(send_x: jax.Array, send_ids: jax.Array, send_w: jax.Array,
+                       home_row: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
+                       workspace_id: int, implementation: str = "ffi",
+                       save_activations: bool | None = None) -> jax.Array:
+    """Dispatch, this rank's experts, combine: ``y [T, H]`` float32 (the shared expert not
+    included).
+
+    Not differentiated (inference, or the forward of a benchmark), and with the CUDA kernels
+    (``implementation`` ``"ffi"`` or ``"cuda"``), this is ONE call, ``mok_ep_moe_fwd``: the rows
+    land in the workspace and the expert GEMMs read them there, with no host round trip between
+    the phases and no copy of the received rows. Under differentiation the forward runs the
+    staged calls (:func:`dispatch`, the local ``mok_moe_fwd`` saving its activations,
+    :func:`combine`), whose transposes are the backward. Both give the same bits
+    (tests/test_peer_transport.py).
+
+    Args:
+      send_x, send_ids, send_w: as :func:`dispatch`.
+      home_row: as :func:`combine`.
+      w_gate_up, w_down: this rank's experts ``[E_loc, H, 2F]``, ``[E_loc, F, H]`` (x's dtype).
+      workspace_id, implementation, save_activations: static.
+    """
+    if _backend is None and implementation in ("ffi", "cuda") and fused_enabled():
+        return _fused_call(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id)
+    return _staged_experts(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id,
+                           implementation, save_activations)
+
+
+def _experts_fwd(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id,
+                 implementation, save_activations):
+    def staged(x, w, gu, dn):
+        return _staged_experts(x, send_ids, w, home_row, gu, dn, workspace_id, implementation,
+                               save_activations)
+
+    y, vjp = jax.vjp(staged, send_x, send_w, w_gate_up, w_down)
+    return y, vjp
+
+
+def _experts_bwd(workspace_id, implementation, save_activations, vjp, ct_y):
+    d_x, d_w, d_gu, d_dn = vjp(ct_y)
+    return d_x, None, d_w, None, d_gu, d_dn
+
+
+experts_over_peers.defvjp(_experts_fwd, _experts_bwd)
+
+
+__all__ = ["combine", "dispatch", "experts_over_peers", "fused_enabled"]

@@ -525,26 +525,25 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         send_w = jnp.where(mine, pack(routing.topk_weights), 0.0)
         send_x = pack(x_loc)
 
-        if peer_workspace is not None:
-            recv_x, recv_ids, recv_w = peer.dispatch(send_x, send_ids, send_w, peer_workspace)
+        from jax_mok import autodiff
+
+        if peer_workspace is not None:  # one fused call when not differentiated (jax_mok.peer)
+            y = peer.experts_over_peers(
+                send_x, send_ids, send_w, jnp.where(sent, row, -1), w_gate_up.astype(dtype),
+                w_down.astype(dtype), peer_workspace, implementation, config.save_activations)
         else:
             recv_x = jax.lax.all_to_all(send_x, axis, 0, 0, tiled=True)  # [EP, R, H]
             recv_ids = jax.lax.all_to_all(send_ids, axis, 0, 0, tiled=True)  # [EP, R, k]
             recv_w = jax.lax.all_to_all(send_w, axis, 0, 0, tiled=True)  # [EP, R, k]
-        from jax_mok import autodiff
-
-        out = autodiff.routed_experts(
-            recv_x.reshape(ep * rows, H),
-            recv_ids.reshape(ep * rows, -1),
-            recv_w.reshape(ep * rows, -1),
-            w_gate_up.astype(dtype),
-            w_down.astype(dtype),
-            implementation=implementation,
-            save_activations=config.save_activations,
-        )  # [EP * R, H]
-        if peer_workspace is not None:  # rows go home; reduced there in rank order, float32
-            y = peer.combine(out.reshape(ep, rows, H), jnp.where(sent, row, -1), peer_workspace)
-        else:
+            out = autodiff.routed_experts(
+                recv_x.reshape(ep * rows, H),
+                recv_ids.reshape(ep * rows, -1),
+                recv_w.reshape(ep * rows, -1),
+                w_gate_up.astype(dtype),
+                w_down.astype(dtype),
+                implementation=implementation,
+                save_activations=config.save_activations,
+            )  # [EP * R, H]
             back = jax.lax.all_to_all(out.reshape(ep, rows, H), axis, 0, 0, tiled=True)
             y = _sum_home_rows(back, row, sent)  # fixed order (destination 0..EP-1), float32
         if config.shared_size:

@@ -21,7 +21,7 @@ import numpy as np
 SIGNAL_BYTES = 4096  # flags, tickets, epoch (ffi/cuda/symmetric.h: kSignalBytes)
 MAX_EP = 64  # arrival flags in the signal area (ffi/cuda/symmetric.h: kMaxRanks)
 ALIGN = 16  # every field of a chunk starts on 16 bytes (vector stores)
-HALVES = 2  # data regions alternate by epoch parity
+AREAS = 4  # staged halves 0/1 (alternating by epoch parity), fused dispatch, fused combine
 DEFAULT_LIMIT_BYTES = 8 << 30
 PATHS = ("peer_access", "ipc", "fabric")
 
@@ -94,8 +94,9 @@ class WorkspaceSpec:
 
     @property
     def total_bytes(self) -> int:
-        """Per rank: signal area + 2 halves x EP sources x chunk."""
-        return SIGNAL_BYTES + HALVES * self.ep_size * self.chunk_bytes
+        """Per rank: signal area + 4 areas x EP sources x chunk (ffi/cuda/symmetric.h: the staged
+        calls' two halves, the fused forward's dispatch and combine areas)."""
+        return SIGNAL_BYTES + AREAS * self.ep_size * self.chunk_bytes
 
     def check_fits(self, limit_bytes: int | None = None) -> None:
         """Raises ValueError naming the numbers when the workspace exceeds ``limit_bytes``
@@ -105,7 +106,7 @@ class WorkspaceSpec:
         if self.total_bytes > limit_bytes:
             raise ValueError(
                 f"the peer transport needs a workspace of {self.total_bytes} bytes per GPU "
-                f"(4096 + 2 x EP={self.ep_size} x chunk {self.chunk_bytes} B; chunk = "
+                f"(4096 + 4 areas x EP={self.ep_size} x chunk {self.chunk_bytes} B; chunk = "
                 f"R={self.rows} rows x (H={self.hidden_size} x {self.itemsize} B + 2 x "
                 f"k={self.top_k} x 4 B), dtype {self.dtype}), over the limit of {limit_bytes} "
                 "bytes (JAX_MOK_PEER_WORKSPACE_LIMIT): use fewer tokens per call, a "

@@ -64,6 +64,28 @@ def test_peer_program_lowers_on_cpu(monkeypatch, data, ep):
     assert "all_to_all" not in text and "all-to-all" not in text
 
 
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_inference_lowers_to_one_fused_call_on_cpu(monkeypatch, fused):
+    """CPU: without differentiation the layer is one ``mok_ep_moe_fwd`` call (dispatch, the local
+    experts and combine); ``JAX_MOK_PEER_FUSED=0`` keeps the staged dispatch + mok_moe_fwd +
+    combine. Under value_and_grad the staged calls run (test above)."""
+    devices = jax.devices("cpu")
+    if len(devices) < 2:
+        pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
+    monkeypatch.setenv("JAX_MOK_PEER_FUSED", fused)
+    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
+    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
+    mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
+    config = _config()
+    params = testing.random_params(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (16, 64))
+    fn = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="peer"))
+    text = fn.lower(x, params).as_text()
+    counts = [text.count(t) for t in ("mok_ep_moe_fwd", "mok_ep_dispatch", "mok_ep_combine")]
+    assert counts == ([1, 0, 0] if fused == "1" else [0, 1, 1]), counts
+    assert ("mok_moe_fwd" in text) == (fused == "0")  # the local experts: inside the fused call
+
+
 class _HostExchange:
     """The peer transport's semantics on CPU devices: each rank's chunks meet in a host-side
     rendezvous (pure_callback), keyed by (group, call number), as the kernels' epochs key them.
@@ -210,8 +232,58 @@ def test_back_to_back_calls_with_different_routings():
         assert testing.rel_error(peer_fn(x), xla_fn(x)) < 1e-5, f"step {step}"
 
 
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype != np.bool_ else a
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("capacity_factor", [None, 0.75])
+def test_fused_forward_equals_staged_bitwise(monkeypatch, dtype, capacity_factor):
+    """The fused forward (mok_ep_moe_fwd: one call) gives the bits of the staged dispatch ->
+    mok_moe_fwd -> combine, and the XLA transport's values within the dtype's tolerance. The
+    compiled programs are checked to contain the call they are meant to test."""
+    mesh = _gpu_mesh()
+    config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
+    params = testing.random_params(jax.random.key(3), config, dtype)
+    x = jax.random.normal(jax.random.key(4), (512, 64)).astype(dtype)
+    outs = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("JAX_MOK_PEER_FUSED", mode)
+        fn = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="peer"))
+        hlo = fn.lower(x, params).as_text()
+        assert ("mok_ep_moe_fwd" in hlo) == (mode == "1"), mode
+        outs[mode] = np.asarray(fn(x, params))
+    want = jax_mok.moe(x, params, mesh=mesh, transport="xla")
+    np.testing.assert_array_equal(_bits(outs["1"]), _bits(outs["0"]))
+    assert testing.rel_error(outs["1"], want) < testing.tolerance(dtype)
+
+
+@pytest.mark.multigpu
+def test_fused_and_staged_calls_interleave():
+    """Inference (fused: the workspace's fixed areas 2-3) and training steps (staged: the
+    alternating halves) on one workspace, in turn, with new routings each step: every result
+    equals the XLA transport's, and repeating an inference call gives the same bits."""
+    mesh = _gpu_mesh()
+    config = _config()
+    params = testing.random_params(jax.random.key(5), config, jnp.bfloat16)
+    infer = {t: jax.jit(lambda x, t=t: jax_mok.moe(x, params, mesh=mesh, transport=t))
+             for t in ("peer", "xla")}
+    grads = {t: jax.jit(jax.grad(lambda x, t=t: jnp.sum(
+        jax_mok.moe(x, params, mesh=mesh, transport=t).astype(jnp.float32) ** 2)))
+        for t in ("peer", "xla")}
+    tol = testing.tolerance(jnp.bfloat16)
+    for step in range(4):
+        x = jax.random.normal(jax.random.key(200 + step), (256, 64)).astype(jnp.bfloat16)
+        y = infer["peer"](x)
+        assert testing.rel_error(y, infer["xla"](x)) < tol, f"step {step} inference"
+        assert testing.rel_error(grads["peer"](x), grads["xla"](x)) < tol, f"step {step} grad"
+        np.testing.assert_array_equal(_bits(infer["peer"](x)), _bits(y))
+
+
 _ONE_SIDED = textwrap.dedent("""
-    import time, jax, jax.numpy as jnp, numpy as np
+    import sys, time, jax, jax.numpy as jnp, numpy as np
     from jax_mok import peer, workspace
     gpus = jax.devices("gpu")[:2]
     mesh = jax.sharding.Mesh(np.array(gpus), ("expert",))
@@ -220,7 +292,13 @@ _ONE_SIDED = textwrap.dedent("""
     x = jax.device_put(jnp.ones((2, 8, 64)), gpus[0])
     ids = jax.device_put(jnp.zeros((2, 8, 2), jnp.int32), gpus[0])
     w = jax.device_put(jnp.zeros((2, 8, 2)), gpus[0])
-    fn = jax.jit(lambda a, b, c: peer.dispatch(a, b, c, ws))
+    if sys.argv[1] == "fused":  # the fused forward's dispatch waits the same way
+        home = jax.device_put(jnp.zeros((8, 2), jnp.int32), gpus[0])
+        gu = jax.device_put(jnp.ones((1, 64, 32)), gpus[0])
+        dn = jax.device_put(jnp.ones((1, 16, 64)), gpus[0])
+        fn = jax.jit(lambda a, b, c: peer._fused_call(a, b, c, home, gu, dn, ws))
+    else:
+        fn = jax.jit(lambda a, b, c: peer.dispatch(a, b, c, ws))
     t0 = time.time()
     try:  # JAX_MOK_PEER_CHECK=sync raises on the first call, =deferred on the second
         for _ in range(2):
@@ -232,12 +310,13 @@ _ONE_SIDED = textwrap.dedent("""
 
 
 @pytest.mark.multigpu
-def test_one_sided_call_times_out_with_an_error():
+@pytest.mark.parametrize("call", ["dispatch", "fused"])
+def test_one_sided_call_times_out_with_an_error(call):
     """Only rank 0 launches: its bounded wait must end in an error naming rank 1, not a hang."""
     # The pytest process already holds XLA's preallocation on both GPUs: allocate on demand.
     env = {**os.environ, "JAX_MOK_PEER_TIMEOUT_MS": "500", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    proc = subprocess.run([sys.executable, "-c", _ONE_SIDED], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run([sys.executable, "-c", _ONE_SIDED, call], capture_output=True,
+                          text=True, timeout=120, env=env)
     out = proc.stdout + proc.stderr
     assert "ERROR after" in out, out[-3000:]
     assert "waiting for rank 1" in out and "dispatch" in out, out[-3000:]

@@ -6,8 +6,8 @@
 #   tools/ep_bench.py and B5 (benchmarks.ep_torch, PyTorch NCCL all_to_all_single + B3 compute;
 #   EP_B5=0 skips it, B5_TIMEOUT / B5_BUDGET_S bound it, B5_ARGS replaces EP_BENCH_ARGS for it);
 #   EP_DEFERRED=0 skips the S1 / 8192 rerun with JAX_MOK_PEER_CHECK=deferred (no host sync per
-#   peer call); EP_ALSO="VAR=value ..." reruns S1 / 8192 once more with those variables (e.g.
-#   JAX_MOK_PEER_UNROLL=4); EP_INNER (20): in-program repetitions of each ep_bench timing; EP_PROFILE=1: a profiler
+#   peer call); EP_ALSO="VAR=value ...[;VAR=value ...]" reruns S1 / 8192 once per ';'-separated
+#   set of variables (e.g. "JAX_MOK_PEER_FUSED=0;JAX_MOK_PEER_UNROLL=4"); EP_INNER (20): in-program repetitions of each ep_bench timing; EP_PROFILE=1: a profiler
 #   trace of each transport's layer per balanced config (device time per XLA op and kernel:
 #   tools/device_profile.py); the EP table is printed last;
 #   full: everything (more than one 600-s device call: split it).
@@ -120,7 +120,11 @@ rerun_s1() {  # S1 / 8192 once more with the variables "$1" set
 }
 # The default check mode syncs the host after every peer call; what does that cost?
 [ "${EP_DEFERRED:-1}" = 1 ] && rerun_s1 "JAX_MOK_PEER_CHECK=deferred"
-[ -n "${EP_ALSO:-}" ] && rerun_s1 "$EP_ALSO"
+# EP_ALSO="A=1 B=2;C=3": one rerun per ';'-separated set
+if [ -n "${EP_ALSO:-}" ]; then
+  IFS=';' read -ra also_sets <<< "$EP_ALSO"
+  for set in "${also_sets[@]}"; do rerun_s1 "$set"; done
+fi
 if [ "${EP_B5:-1}" != 0 ]; then
 step "B5 (PyTorch NCCL)"
 timeout ${B5_TIMEOUT:-300} python3 -m benchmarks.ep_torch --out "$OUT/ep_torch.jsonl" \

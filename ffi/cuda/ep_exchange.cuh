@@ -1,11 +1,14 @@
-// The staged peer-transport kernel (docs/peer-transport.md): one launch per exchange.
-//   1. push   : every CTA stores its share of my chunk d into rank d's receive region
-//               (half = epoch & 1, source = me) with 16-byte stores over NVLink;
+// The peer-transport exchange kernel (docs/peer-transport.md): one launch per exchange.
+//   1. push   : every CTA stores its share of my chunk d into rank d's receive slot (source =
+//               me) with 16-byte stores over NVLink: in the staged calls' area of half
+//               epoch & 1, or in the fused forward's fixed areas (Exchange::area);
 //   2. signal : the last CTA to finish pushing stores arrival[me] = epoch into every peer
 //               (st.release.sys), after __threadfence_system() by every pushing thread;
 //   3. wait   : thread 0 of every CTA waits (bounded) for arrival[s] >= epoch from every peer;
-//   4. read   : dispatch mode copies the receive regions into XLA's outputs; combine mode reduces
-//               the rows of every token over the ranks in ascending order (float32);
+//   4. read   : copy-out mode (staged dispatch) copies the receive slots into XLA's outputs;
+//               reduce mode (combine) reduces the rows of every token over the ranks in
+//               ascending order (float32); in-place mode (the fused forward's dispatch) leaves
+//               the rows where they landed, for the expert GEMMs that follow in the same call;
 //   5. finish : the last CTA to finish reading stores epoch, so the next call uses epoch + 1.
 // Co-residency: the grid is at most 2 x SMs CTAs of kThreads threads (see the launcher).
 //
@@ -25,12 +28,17 @@ namespace mok::cuda::ep {
 constexpr int kThreads = 256;
 constexpr int kMaxFields = 3;
 
-// One array exchanged chunk by chunk: src/dst are [EP, chunk_bytes] (XLA buffers).
+// What a kernel does with the received slots (step 4).
+enum ExchangeMode : int { kCopyOut = 0, kReduce = 1, kInPlace = 2 };
+
+// One array exchanged chunk by chunk: src/dst are [EP, chunk_bytes] (XLA buffers). The slot of
+// source s on rank o is peers[o] + area + offset + s * stride.
 struct Field {
   const char* src = nullptr;
-  char* dst = nullptr;      // dispatch mode only
+  char* dst = nullptr;      // copy-out mode only
   int64_t chunk_bytes = 0;  // bytes of one (source, destination) chunk, a multiple of 4
-  int64_t offset = 0;       // where the field starts inside a receive region (16-byte aligned)
+  int64_t offset = 0;       // where the field starts inside the area (16-byte aligned)
+  int64_t stride = 0;       // bytes from one source's slot to the next (>= chunk_bytes)
 };
 
 struct Exchange {
@@ -38,7 +46,7 @@ struct Exchange {
   int num_fields = 0;
   int rank = 0, ep = 0, phase = 0;
   char* const* peers = nullptr;  // device table: every rank's workspace base
-  int64_t region_bytes = 0;      // one receive region (half, source)
+  int64_t area[2] = {0, 0};      // byte offset of the data area used in an even / odd epoch
   volatile unsigned int* error = nullptr;
   unsigned long long timeout_ns = 0;
   // combine mode: y[t] = sum over d ascending with home_row[t, d] >= 0 of rows[d][home_row[t, d]]
@@ -47,9 +55,9 @@ struct Exchange {
   int64_t tokens = 0, hidden = 0;
 };
 
-__device__ __forceinline__ char* region(const Exchange& p, int owner, int half, int source) {
-  return p.peers[owner] + symmetric::kSignalBytes +
-         (static_cast<int64_t>(half) * p.ep + source) * p.region_bytes;
+__device__ __forceinline__ char* slot(const Exchange& p, const Field& f, int owner, int half,
+                                      int source) {
+  return p.peers[owner] + p.area[half] + f.offset + static_cast<int64_t>(source) * f.stride;
 }
 
 // dst[0:bytes) = src[0:bytes), spread over all threads of the grid; 16-byte vectors when both
@@ -98,9 +106,9 @@ __device__ inline void reduce_rows(const Exchange& p, int half, int64_t worker, 
     for (int d = 0; d < p.ep; ++d) {
       const int row = p.home_row[t * p.ep + d];
       if (row < 0) continue;
-      // Rows computed by rank d for me: in my region (half, d), or my own chunk in the operand.
+      // Rows computed by rank d for me: in my slot (half, d), or my own chunk in the operand.
       const char* base = d == p.rank ? f.src + static_cast<int64_t>(p.rank) * f.chunk_bytes
-                                     : region(p, p.rank, half, d) + f.offset;
+                                     : slot(p, f, p.rank, half, d);
       const uint4 raw = reinterpret_cast<const uint4*>(
           base + (static_cast<int64_t>(row) * p.hidden + v * kVec) * sizeof(T))[0];
       const T* e = reinterpret_cast<const T*>(&raw);
@@ -129,10 +137,11 @@ __device__ inline void wait_peers(const Exchange& p, symmetric::Signal* me,
 }
 
 // kUnroll > 1 is the tuned variant (JAX_MOK_PEER_UNROLL=4, experimental): unrolled copies, and in
-// dispatch mode the copy of my own chunk moved from before the push signal to the wait.
-template <class T, bool kReduce, int kUnroll>
+// copy-out mode the copy of my own chunk moved from before the push signal to the wait.
+// In-place mode copies my own chunk into my own slot under the wait as well (a local copy).
+template <class T, int kMode, int kUnroll>
 __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
-  constexpr bool kTuned = kUnroll > 1;
+  constexpr bool kReduces = kMode == kReduce, kLate = kUnroll > 1 || kMode == kInPlace;
   using symmetric::Signal;
   Signal* const me = reinterpret_cast<Signal*>(p.peers[p.rank]);
   __shared__ unsigned long long epoch_shared;
@@ -148,19 +157,18 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
   const int64_t worker = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
-  // 1. push (my own chunk goes straight to my output in dispatch mode; combine reads it in place)
+  // 1. push (my own chunk goes straight to my output in copy-out mode; combine reads it in place)
   for (int fi = 0; fi < p.num_fields; ++fi) {
     const Field& f = p.field[fi];
     for (int d = 0; d < p.ep; ++d) {
       const char* src = f.src + static_cast<int64_t>(d) * f.chunk_bytes;
       if (d == p.rank) {
-        if (!kReduce && !kTuned)
+        if (!kReduces && !kLate)
           copy_bytes<kUnroll>(f.dst + static_cast<int64_t>(d) * f.chunk_bytes, src, f.chunk_bytes,
                               worker, workers);
         continue;
       }
-      copy_bytes<kUnroll>(region(p, d, half, p.rank) + f.offset, src, f.chunk_bytes, worker,
-                          workers);
+      copy_bytes<kUnroll>(slot(p, f, d, half, p.rank), src, f.chunk_bytes, worker, workers);
     }
   }
   __threadfence_system();
@@ -176,15 +184,16 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
         if (q != p.rank)
           store_release_sys(&reinterpret_cast<Signal*>(p.peers[q])->arrival[p.rank], epoch);
     }
-    if constexpr (!kTuned) wait_peers(p, me, epoch, &ok_shared);  // 3.
+    if constexpr (!kLate) wait_peers(p, me, epoch, &ok_shared);  // 3.
   }
-  if constexpr (kTuned) {
-    // The tuned variant copies my own chunk to the output only now, under the peers' arrival.
-    if (!kReduce)
+  if constexpr (kLate) {
+    // My own chunk goes to the output (or my own slot) only now, under the peers' arrival.
+    if (!kReduces)
       for (int fi = 0; fi < p.num_fields; ++fi) {
         const Field& f = p.field[fi];
         const int64_t at = static_cast<int64_t>(p.rank) * f.chunk_bytes;
-        copy_bytes<kUnroll>(f.dst + at, f.src + at, f.chunk_bytes, worker, workers);
+        char* dst = kMode == kInPlace ? slot(p, f, p.rank, half, p.rank) : f.dst + at;
+        copy_bytes<kUnroll>(dst, f.src + at, f.chunk_bytes, worker, workers);
       }
     if (threadIdx.x == 0) wait_peers(p, me, epoch, &ok_shared);  // 3.
   }
@@ -192,16 +201,15 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
   if (!ok_shared) return;  // the workspace is poisoned by the host; epochs stay as they are
 
   // 4. read
-  if (kReduce) {
+  if constexpr (kMode == kReduce) {
     reduce_rows<T>(p, half, worker, workers);
-  } else {
+  } else if constexpr (kMode == kCopyOut) {
     for (int fi = 0; fi < p.num_fields; ++fi) {
       const Field& f = p.field[fi];
       for (int s = 0; s < p.ep; ++s)
         if (s != p.rank)
           copy_bytes<kUnroll>(f.dst + static_cast<int64_t>(s) * f.chunk_bytes,
-                              region(p, p.rank, half, s) + f.offset, f.chunk_bytes, worker,
-                              workers);
+                              slot(p, f, p.rank, half, s), f.chunk_bytes, worker, workers);
     }
   }
 

@@ -4,8 +4,13 @@
 //                    goes to rank d, result chunk s came from rank s (an all_to_all).
 //   mok_ep_combine : rows [EP,R,H] (chunk s = rows computed for rank s), home_row [T,EP] i32
 //                    -> y [T,H] f32, y[t] = sum_{d asc, home_row[t,d] >= 0} rows_from_d[home_row]
+//   mok_ep_moe_fwd : the fused forward (one call, no host round trip between its phases): the
+//                    dispatch of mok_ep_dispatch into the workspace's fixed area 2 (rows stay
+//                    there), the single-GPU forward phases on those rows, the combine of
+//                    mok_ep_combine through area 3 -> y [T,H] f32. Bitwise what the staged
+//                    dispatch -> mok_moe_fwd -> combine sequence computes.
 // Attributes: workspace_id (i64), phase (i32, names the exchange in errors).
-// Status (2026-11-29): run on 2 x H200 (tools/gpu_check_ep.sh; BENCHMARKS.md).
+// Status (2026-11-29): dispatch / combine run on 2 x H200 (tools/gpu_check_ep.sh; BENCHMARKS.md).
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +20,7 @@
 #include "common/problem.h"
 #include "cuda/ep_exchange.cuh"
 #include "cuda/ep_handlers.h"
+#include "cuda/moe.h"
 #include "cuda/status.cuh"
 #include "cuda/symmetric.h"
 
@@ -105,23 +111,72 @@ ffi::Error CheckChunked(const char* name, const ffi::AnyBuffer& a, int ep, int64
 }
 
 template <int kUnroll>
-void LaunchUnrolled(const Exchange& p, bool reduce, ffi::DataType dtype, int grid,
+void LaunchUnrolled(const Exchange& p, ExchangeMode mode, ffi::DataType dtype, int grid,
                     cudaStream_t stream) {
-  if (!reduce)
-    exchange_kernel<float, false, kUnroll><<<grid, kThreads, 0, stream>>>(p);
+  if (mode == kCopyOut)
+    exchange_kernel<float, kCopyOut, kUnroll><<<grid, kThreads, 0, stream>>>(p);
+  else if (mode == kInPlace)
+    exchange_kernel<float, kInPlace, kUnroll><<<grid, kThreads, 0, stream>>>(p);
   else if (dtype == ffi::DataType::BF16)
-    exchange_kernel<bf16, true, kUnroll><<<grid, kThreads, 0, stream>>>(p);
+    exchange_kernel<bf16, kReduce, kUnroll><<<grid, kThreads, 0, stream>>>(p);
   else
-    exchange_kernel<float, true, kUnroll><<<grid, kThreads, 0, stream>>>(p);
+    exchange_kernel<float, kReduce, kUnroll><<<grid, kThreads, 0, stream>>>(p);
 }
 
-ffi::Error Launch(const Exchange& p, bool reduce, ffi::DataType dtype, int grid,
+ffi::Error Launch(const Exchange& p, ExchangeMode mode, ffi::DataType dtype, int grid,
                   cudaStream_t stream) {
   if (Unroll() == 4)
-    LaunchUnrolled<4>(p, reduce, dtype, grid, stream);
+    LaunchUnrolled<4>(p, mode, dtype, grid, stream);
   else
-    LaunchUnrolled<1>(p, reduce, dtype, grid, stream);
-  return Stage(reduce ? "peer combine" : "peer dispatch", cudaGetLastError(), stream);
+    LaunchUnrolled<1>(p, mode, dtype, grid, stream);
+  return Stage(mode == kReduce ? "peer combine" : "peer dispatch", cudaGetLastError(), stream);
+}
+
+// One region of the workspace (symmetric.h: kAreas areas of EP regions after the signal area).
+int64_t RegionBytes(const symmetric::View& v) {
+  return (v.bytes - symmetric::kSignalBytes) / (symmetric::kAreas * v.ep_size);
+}
+
+// Byte offset of data area `a` in every rank's workspace.
+int64_t AreaOffset(const symmetric::View& v, int a) {
+  return symmetric::kSignalBytes + a * v.ep_size * RegionBytes(v);
+}
+
+// The staged calls: area 0 in even epochs, area 1 in odd ones; a source's slot is one region.
+void StagedAreas(const symmetric::View& v, Exchange* p) {
+  p->area[0] = AreaOffset(v, 0);
+  p->area[1] = AreaOffset(v, 1);
+}
+
+void Common(const symmetric::View& v, int32_t phase, Exchange* p) {
+  p->rank = v.rank, p->ep = v.ep_size, p->phase = phase, p->peers = v.peers;
+  p->error = v.error_device, p->timeout_ns = TimeoutNs();
+}
+
+// The combine's reduction: y[t] = sum over d ascending of the rows computed for token t.
+ffi::Error CheckCombineShapes(const symmetric::View& v, const ffi::AnyBuffer& home_row,
+                              const ffi::AnyBuffer& y, int64_t H) {
+  auto hd = home_row.dimensions();
+  auto yd = y.dimensions();
+  MOK_CUDA_CHECK(
+      hd.size() == 2 && hd[1] == v.ep_size && home_row.element_type() == ffi::DataType::S32,
+      "home_row must be int32 [T, EP=", v.ep_size, "]");
+  MOK_CUDA_CHECK(
+      yd.size() == 2 && yd[0] == hd[0] && yd[1] == H && y.element_type() == ffi::DataType::F32,
+      "y must be float32 [T=", hd[0], ", H=", H, "]");
+  return ffi::Error::Success();
+}
+
+void SetReduction(const ffi::AnyBuffer& home_row, ffi::AnyBuffer& y, int64_t H, Exchange* p) {
+  p->home_row = static_cast<const int*>(home_row.untyped_data());
+  p->y = static_cast<float*>(y.untyped_data());
+  p->tokens = home_row.dimensions()[0], p->hidden = H;
+}
+
+int ReduceGrid(const Exchange& p, int sms) {
+  const int64_t chunk = p.field[0].chunk_bytes;
+  const int64_t work = chunk > p.tokens * p.hidden * 4 ? chunk : p.tokens * p.hidden * 4;
+  return Grid(work, sms);
 }
 
 ffi::Error Dispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer ids,
@@ -144,18 +199,17 @@ ffi::Error Dispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::
                        out[i]->element_type() == in[i]->element_type(),
                    "the result for ", names[i], " must have its operand's shape and dtype");
     p.field[i] = Field{static_cast<const char*>(in[i]->untyped_data()),
-                       static_cast<char*>(out[i]->untyped_data()), chunk, offset};
+                       static_cast<char*>(out[i]->untyped_data()), chunk, offset, RegionBytes(v)};
     offset += Pad16(chunk);
   }
   p.num_fields = 3;
-  p.region_bytes = (v.bytes - symmetric::kSignalBytes) / (2 * v.ep_size);
-  MOK_CUDA_CHECK(offset <= p.region_bytes, "peer dispatch needs ", offset,
+  MOK_CUDA_CHECK(offset <= RegionBytes(v), "peer dispatch needs ", offset,
                  " bytes per (source, destination) chunk but workspace ", workspace_id,
-                 " was sized for ", p.region_bytes, " (x ", x.size_bytes(),
+                 " was sized for ", RegionBytes(v), " (x ", x.size_bytes(),
                  " B over EP=", v.ep_size, " ranks); the WorkspaceSpec does not match this call");
-  p.rank = v.rank, p.ep = v.ep_size, p.phase = phase, p.peers = v.peers;
-  p.error = v.error_device, p.timeout_ns = TimeoutNs();
-  MOK_RETURN_IF_ERROR(Launch(p, false, x.element_type(), Grid(offset, sms), stream));
+  StagedAreas(v, &p);
+  Common(v, phase, &p);
+  MOK_RETURN_IF_ERROR(Launch(p, kCopyOut, x.element_type(), Grid(offset, sms), stream));
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
 
@@ -167,8 +221,6 @@ ffi::Error Combine(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
   MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &sms));
   if (!SyncCheck()) MOK_RETURN_IF_ERROR(Check(v, workspace_id, device, stream, false));
   auto rd = rows.dimensions();
-  auto hd = home_row.dimensions();
-  auto yd = y->dimensions();
   MOK_CUDA_CHECK(rd.size() == 3 && rd[0] == v.ep_size, "rows must be [EP=", v.ep_size,
                  ", R, H], got rank ", rd.size());
   const int64_t H = rd[2];
@@ -176,27 +228,106 @@ ffi::Error Combine(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
       rows.element_type() == ffi::DataType::BF16 || rows.element_type() == ffi::DataType::F32,
       "rows must be bfloat16 or float32, got ", DtypeName(rows.element_type()));
   MOK_CUDA_CHECK(H % 8 == 0, "the peer combine needs H to be a multiple of 8, got H=", H);
-  MOK_CUDA_CHECK(
-      hd.size() == 2 && hd[1] == v.ep_size && home_row.element_type() == ffi::DataType::S32,
-      "home_row must be int32 [T, EP=", v.ep_size, "]");
-  MOK_CUDA_CHECK(
-      yd.size() == 2 && yd[0] == hd[0] && yd[1] == H && y->element_type() == ffi::DataType::F32,
-      "y must be float32 [T=", hd[0], ", H=", H, "]");
+  MOK_RETURN_IF_ERROR(CheckCombineShapes(v, home_row, *y, H));
   Exchange p;
   const int64_t chunk = static_cast<int64_t>(rows.size_bytes()) / v.ep_size;
-  p.field[0] = Field{static_cast<const char*>(rows.untyped_data()), nullptr, chunk, 0};
+  p.field[0] =
+      Field{static_cast<const char*>(rows.untyped_data()), nullptr, chunk, 0, RegionBytes(v)};
   p.num_fields = 1;
-  p.region_bytes = (v.bytes - symmetric::kSignalBytes) / (2 * v.ep_size);
-  MOK_CUDA_CHECK(chunk <= p.region_bytes, "peer combine needs ", chunk,
+  MOK_CUDA_CHECK(chunk <= RegionBytes(v), "peer combine needs ", chunk,
                  " bytes per chunk but workspace ", workspace_id, " was sized for ",
-                 p.region_bytes);
-  p.rank = v.rank, p.ep = v.ep_size, p.phase = phase, p.peers = v.peers;
-  p.error = v.error_device, p.timeout_ns = TimeoutNs();
-  p.home_row = static_cast<const int*>(home_row.untyped_data());
-  p.y = static_cast<float*>(y->untyped_data());
-  p.tokens = hd[0], p.hidden = H;
-  const int64_t work = chunk > p.tokens * H * 4 ? chunk : p.tokens * H * 4;
-  MOK_RETURN_IF_ERROR(Launch(p, true, rows.element_type(), Grid(work, sms), stream));
+                 RegionBytes(v));
+  StagedAreas(v, &p);
+  Common(v, phase, &p);
+  SetReduction(home_row, *y, H, &p);
+  MOK_RETURN_IF_ERROR(Launch(p, kReduce, rows.element_type(), ReduceGrid(p, sms), stream));
+  return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
+}
+
+// The fused forward: dispatch into area 2 (rows stay there: x [EP*R, H], ids and weights
+// [EP*R, k], each field contiguous over the sources), the single-GPU forward on them, the
+// combine through area 3. One handler, no host round trip between the phases; the workspace's
+// epoch advances twice, as in the staged dispatch + combine.
+ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                        ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w,
+                        ffi::AnyBuffer home_row, ffi::AnyBuffer wgu, ffi::AnyBuffer wd,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t workspace_id) {
+  symmetric::View v;
+  int sms = 0;
+  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &sms));
+  if (!SyncCheck()) MOK_RETURN_IF_ERROR(Check(v, workspace_id, device, stream, false));
+  const int ep = v.ep_size;
+  auto xd = x.dimensions();
+  auto id = ids.dimensions();
+  auto wt = w.dimensions();
+  MOK_CUDA_CHECK(xd.size() == 3 && xd[0] == ep, "x must be [EP=", ep, ", R, H], got rank ",
+                 xd.size());
+  const int64_t R = xd[1], H = xd[2];
+  MOK_CUDA_CHECK(
+      id.size() == 3 && id[0] == ep && id[1] == R && ids.element_type() == ffi::DataType::S32,
+      "topk_ids must be int32 [EP=", ep, ", R=", R, ", k]");
+  const int64_t k = id[2];
+  MOK_CUDA_CHECK(wt.size() == 3 && wt[0] == ep && wt[1] == R && wt[2] == k &&
+                     w.element_type() == ffi::DataType::F32,
+                 "topk_weights must be float32 [EP=", ep, ", R=", R, ", k=", k, "]");
+  auto gu = wgu.dimensions();
+  auto dn = wd.dimensions();
+  MOK_CUDA_CHECK(gu.size() == 3 && dn.size() == 3 && gu[1] == H && dn[2] == H && gu[0] == dn[0] &&
+                     gu[2] == 2 * dn[1],
+                 "w_gate_up must be [E, H=", H, ", 2F] and w_down [E, F, H=", H, "]");
+  MOK_CUDA_CHECK(x.element_type() == wgu.element_type() && x.element_type() == wd.element_type(),
+                 "x, w_gate_up and w_down must share one dtype");
+  MOK_RETURN_IF_ERROR(CheckCombineShapes(v, home_row, *y, H));
+  Problem pr;
+  pr.tokens = ep * R, pr.hidden = H, pr.ffn = dn[1], pr.experts = gu[0], pr.top_k = k;
+  pr.dtype = x.element_type();
+  MOK_CUDA_CHECK(pr.dtype == ffi::DataType::BF16 || pr.dtype == ffi::DataType::F32,
+                 "x must be bfloat16 or float32, got ", DtypeName(pr.dtype));
+  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
+
+  // Area 2: [x | ids | weights], each [EP, chunk] without padding between sources.
+  const int64_t x_chunk = x.size_bytes() / ep, meta_chunk = R * k * 4;
+  const int64_t area_bytes = ep * RegionBytes(v);
+  Exchange d;
+  const ffi::AnyBuffer* in[3] = {&x, &ids, &w};
+  const int64_t chunks[3] = {x_chunk, meta_chunk, meta_chunk};
+  int64_t offset = 0;
+  for (int i = 0; i < 3; ++i) {
+    d.field[i] = Field{static_cast<const char*>(in[i]->untyped_data()), nullptr, chunks[i], offset,
+                       chunks[i]};
+    offset += Pad16(ep * chunks[i]);
+  }
+  d.num_fields = 3;
+  MOK_CUDA_CHECK(offset <= area_bytes && ep * x_chunk <= area_bytes, "the fused forward needs ",
+                 offset, " bytes per area but workspace ", workspace_id, " has ", area_bytes,
+                 "; the WorkspaceSpec does not match this call");
+  d.area[0] = d.area[1] = AreaOffset(v, 2);
+  Common(v, kDispatch, &d);
+  MOK_RETURN_IF_ERROR(Launch(d, kInPlace, pr.dtype, Grid(offset / ep, sms), stream));
+
+  // The expert phases read the received rows in place (my own workspace, area 2).
+  const char* area = v.local + AreaOffset(v, 2);
+  char* rows = nullptr;  // [EP*R, H] in x's dtype: each row's local experts summed
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, static_cast<size_t>(ep * x_chunk), &rows));
+  const int* rid = reinterpret_cast<const int*>(area + d.field[1].offset);
+  const float* rw = reinterpret_cast<const float*>(area + d.field[2].offset);
+  MOK_RETURN_IF_ERROR(DispatchDtype(pr.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return Forward<T>(stream, scratch, dev, pr, reinterpret_cast<const T*>(area), rid, rw,
+                      static_cast<const T*>(wgu.untyped_data()),
+                      static_cast<const T*>(wd.untyped_data()), reinterpret_cast<T*>(rows));
+  }));
+
+  // Area 3: the rows computed for source s go home to rank s; then the fixed-order reduction.
+  Exchange c;
+  c.field[0] = Field{rows, nullptr, x_chunk, 0, x_chunk};
+  c.num_fields = 1;
+  c.area[0] = c.area[1] = AreaOffset(v, 3);
+  Common(v, kCombine, &c);
+  SetReduction(home_row, *y, H, &c);
+  MOK_RETURN_IF_ERROR(Launch(c, kReduce, pr.dtype, ReduceGrid(c, sms), stream));
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
 
@@ -221,6 +352,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpDispatchCuda, mok::cuda::ep::Dispatch,
                                   .Ret<xla::ffi::AnyBuffer>()  // received weights
                                   .Attr<int64_t>("workspace_id")
                                   .Attr<int32_t>("phase"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdCuda, mok::cuda::ep::FusedForward,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [EP, R, H]
+                                  .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP, R, k] i32
+                                  .Arg<xla::ffi::AnyBuffer>()  // topk_weights [EP, R, k] f32
+                                  .Arg<xla::ffi::AnyBuffer>()  // home_row [T, EP] i32
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_gate_up [E_loc, H, 2F]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_down [E_loc, F, H]
+                                  .Ret<xla::ffi::AnyBuffer>()  // y [T, H] f32
+                                  .Attr<int64_t>("workspace_id"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpCombineCuda, mok::cuda::ep::Combine,
                               EpContext()

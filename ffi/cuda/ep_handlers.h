@@ -1,4 +1,5 @@
-// FFI handlers of the peer transport (platform "CUDA"): mok_ep_dispatch and mok_ep_combine.
+// FFI handlers of the peer transport (platform "CUDA"): mok_ep_dispatch, mok_ep_combine and the
+// fused forward mok_ep_moe_fwd.
 // Operands, attributes and errors: docs/peer-transport.md. Run on 2 x H200 (2026-11-29).
 #pragma once
 
@@ -6,3 +7,4 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpDispatchCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpCombineCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpMoeFwdCuda);

@@ -16,7 +16,6 @@
 #include "cuda/status.cuh"
 
 namespace mok::cuda {
-namespace {
 
 ffi::Error GetDevice(int32_t ordinal, DeviceInfo* info) {
   static std::mutex mu;
@@ -56,6 +55,8 @@ ffi::Error CheckCommon(const Problem& pr) {
   return ffi::Error::Success();
 }
 
+namespace {
+
 ffi::Error CheckSameShape(const char* name, const ffi::AnyBuffer& a, int64_t d0, int64_t d1,
                           ffi::DataType dtype) {
   auto d = a.dimensions();
@@ -63,13 +64,6 @@ ffi::Error CheckSameShape(const char* name, const ffi::AnyBuffer& a, int64_t d0,
   MOK_CUDA_CHECK(a.element_type() == dtype, name, " must have dtype ", DtypeName(dtype), ", got ",
                  DtypeName(a.element_type()));
   return ffi::Error::Success();
-}
-
-// Calls fn(T{}) with T the storage type of `dtype` (bf16 or float; ReadProblem admits no other).
-template <typename Fn>
-ffi::Error DispatchDtype(ffi::DataType dtype, Fn&& fn) {
-  if (dtype == ffi::DataType::BF16) return fn(bf16{});
-  return fn(float{});
 }
 
 // h (training only): [T*k, 2F] in x's dtype, written by the forward, read by the backward.

@@ -28,6 +28,7 @@ NB_MODULE(_mok_cuda, m) {
     // Peer transport (docs/peer-transport.md): run on 2 x H200 (2026-11-29).
     d["mok_ep_dispatch"] = Capsule(MokEpDispatchCuda);
     d["mok_ep_combine"] = Capsule(MokEpCombineCuda);
+    d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);  // the fused forward (fifth session)
     return d;
   });
   m.def("device_info", [] {

@@ -176,15 +176,6 @@ struct Carve {
   }
 };
 
-// XLA's FFI scratch allocator accepts alignments up to 16 bytes: over-allocate and align to 256.
-inline ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, char** base) {
-  auto mem = scratch.Allocate(bytes + 256, 16);
-  MOK_CUDA_CHECK(mem.has_value(), "could not allocate ", bytes, " bytes of device scratch");
-  const uintptr_t p = reinterpret_cast<uintptr_t>(*mem);
-  *base = reinterpret_cast<char*>((p + 255) & ~uintptr_t{255});
-  return ffi::Error::Success();
-}
-
 inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // Sizes the routing part of the scratch (pass base = nullptr to measure).

@@ -5,12 +5,35 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "common/problem.h"
 #include "cuda/status.cuh"
 
 namespace mok::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// XLA's FFI scratch allocator accepts alignments up to 16 bytes: over-allocate and align to 256.
+inline ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, char** base) {
+  auto mem = scratch.Allocate(bytes + 256, 16);
+  MOK_CUDA_CHECK(mem.has_value(), "could not allocate ", bytes, " bytes of device scratch");
+  const uintptr_t p = reinterpret_cast<uintptr_t>(*mem);
+  *base = reinterpret_cast<char*>((p + 255) & ~uintptr_t{255});
+  return ffi::Error::Success();
+}
+
+// Calls fn(T{}) with T the storage type of `dtype` (bf16 or float; ReadProblem admits no other).
+template <typename Fn>
+ffi::Error DispatchDtype(ffi::DataType dtype, Fn&& fn) {
+  if (dtype == ffi::DataType::BF16) return fn(bf16{});
+  return fn(float{});
+}
+
+// handlers.cu: the device's properties (cached; sets the current device; sm_90 only) and the
+// size limits every CUDA phase sequence shares.
+ffi::Error GetDevice(int32_t ordinal, DeviceInfo* info);
+ffi::Error CheckCommon(const Problem& pr);
 
 // Defined in forward.cu / backward.cu (separate translation units: they build in parallel),
 // instantiated for bf16 and float. h_save (forward) / h_saved (backward): the gate/up

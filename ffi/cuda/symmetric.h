@@ -14,6 +14,12 @@ namespace mok::cuda::symmetric {
 
 constexpr int kMaxRanks = 64;
 constexpr int64_t kSignalBytes = 4096;
+// After the signal area: kAreas data areas of EP regions each, one region = the largest
+// (source, destination) chunk of any call (jax_mok/workspace.py: WorkspaceSpec.chunk_bytes).
+// Areas 0 and 1: the staged calls' halves (alternating by epoch parity); area 2: the fused
+// forward's dispatch rows, area 3: its combine rows (fixed, so that the GEMMs of the same call
+// find the rows without reading the epoch). docs/peer-transport.md, "Symmetric workspace".
+constexpr int kAreas = 4;
 
 // Offset 0 of every rank's workspace. `arrival[s]` is written by rank s (remote release store);
 // the rest is local to the rank.
