@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Expert-parallel peer transport on a bare nvidia-h200-x2 machine (issue 5): build, probe peer
 # access, smoke the exchange against lax.all_to_all, run the multigpu tests, time EP (B4 vs peer).
-#   OUT=/some/dir tools/gpu_check_ep.sh [smoke|tests|bench|full]   (default full; outputs in $OUT)
+#   OUT=/some/dir tools/gpu_check_ep.sh [smoke|tests|bench|bw|full]   (default full; outputs in $OUT)
+#   bw: build, probe, tools/peer_bw.py (the exchange alone over chunk sizes) once per BW_SETS entry;
 #   smoke: build, probe, exchange == all_to_all; tests: + multigpu tests; bench: build, probe,
 #   tools/ep_bench.py and B5 (benchmarks.ep_torch, PyTorch NCCL all_to_all_single + B3 compute;
 #   EP_B5=0 skips it, B5_TIMEOUT / B5_BUDGET_S bound it, B5_ARGS replaces EP_BENCH_ARGS for it);
@@ -63,6 +64,17 @@ print("bootstrap_path:", workspace.bootstrap_path(mesh, "expert"))
 PY
 
 TEST_RC=0
+if [ "$MODE" = bw ]; then
+  # The exchange's bandwidth over chunk sizes, once per kernel setting (knobs are read once per
+  # process). BW_SETS: ';'-separated sets of variables; BW_SIZES: tools/peer_bw.py --sizes.
+  IFS=';' read -ra bw_sets <<< "${BW_SETS:-JAX_MOK_PEER_CHECK=deferred;JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_UNROLL=4;JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_CTAS_PER_SM=4;JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_CTAS_PER_SM=1}"
+  for set in "${bw_sets[@]}"; do
+    step "peer exchange bandwidth with $set"
+    env $set timeout ${BW_TIMEOUT:-120} python3 tools/peer_bw.py --out "$OUT/bw.jsonl" \
+      ${BW_SIZES:+--sizes $BW_SIZES} 2>&1 | grep -v "^WARNING" | tail -12
+  done
+  exit 0
+fi
 if [ "$MODE" != bench ]; then
 step "smoke: peer.dispatch / combine == all_to_all path (each check mode, and the tuned exchange)"
 for variant in "JAX_MOK_PEER_CHECK=sync" "JAX_MOK_PEER_CHECK=deferred" \

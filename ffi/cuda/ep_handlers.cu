@@ -94,10 +94,24 @@ int Unroll() {
   return unroll;
 }
 
+// CTAs per SM at most (default 2). JAX_MOK_PEER_CTAS_PER_SM=1..4 for bandwidth sweeps
+// (tools/peer_bw.py); capped at 4 so that every CTA of the grid stays co-resident (256 threads
+// each, a few registers): a CTA spinning on a peer's flag must never keep another CTA of its own
+// grid, whose stores that peer may be waiting for, from being scheduled.
+int CtasPerSm() {
+  static const int ctas = [] {
+    const char* env = std::getenv("JAX_MOK_PEER_CTAS_PER_SM");
+    const int n = env ? std::atoi(env) : 2;
+    return n >= 1 && n <= 4 ? n : 2;
+  }();
+  return ctas;
+}
+
 int Grid(int64_t bytes_per_peer, int sms) {
   const int64_t vectors = bytes_per_peer / 16 + 1;
   const int64_t wanted = (vectors + kThreads - 1) / kThreads;
-  return static_cast<int>(wanted < 2 * sms ? (wanted > 0 ? wanted : 1) : 2 * sms);
+  const int64_t most = static_cast<int64_t>(CtasPerSm()) * sms;
+  return static_cast<int>(wanted < most ? (wanted > 0 ? wanted : 1) : most);
 }
 
 ffi::Error CheckChunked(const char* name, const ffi::AnyBuffer& a, int ep, int64_t* chunk) {
