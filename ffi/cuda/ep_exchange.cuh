@@ -45,6 +45,9 @@ struct Exchange {
   Field field[kMaxFields];
   int num_fields = 0;
   int rank = 0, ep = 0, phase = 0;
+  // Every store of step 1 (and my own chunk's copy) done before the launch by copy-engine copies
+  // on the same stream: the kernel only signals, waits and reads (JAX_MOK_PEER_COPY=ce).
+  bool pushed = false;
   char* const* peers = nullptr;  // device table: every rank's workspace base
   int64_t area[2] = {0, 0};      // byte offset of the data area used in an even / odd epoch
   volatile unsigned int* error = nullptr;
@@ -158,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
   const int64_t workers = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
   // 1. push (my own chunk goes straight to my output in copy-out mode; combine reads it in place)
-  for (int fi = 0; fi < p.num_fields; ++fi) {
+  for (int fi = 0; fi < (p.pushed ? 0 : p.num_fields); ++fi) {
     const Field& f = p.field[fi];
     for (int d = 0; d < p.ep; ++d) {
       const char* src = f.src + static_cast<int64_t>(d) * f.chunk_bytes;
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
   }
   if constexpr (kLate) {
     // My own chunk goes to the output (or my own slot) only now, under the peers' arrival.
-    if (!kReduces)
+    if (!kReduces && !p.pushed)
       for (int fi = 0; fi < p.num_fields; ++fi) {
         const Field& f = p.field[fi];
         const int64_t at = static_cast<int64_t>(p.rank) * f.chunk_bytes;

@@ -146,6 +146,38 @@ ffi::Error Launch(const Exchange& p, ExchangeMode mode, ffi::DataType dtype, int
   return Stage(mode == kReduce ? "peer combine" : "peer dispatch", cudaGetLastError(), stream);
 }
 
+// JAX_MOK_PEER_COPY=ce: the fused forward's two exchanges store through the copy engines
+// (cudaMemcpyAsync into the peers' fixed areas, then the kernel only signals, waits and reads)
+// instead of SM stores. Experimental (fifth session, compile-checked only): a one-direction
+// cudaMemcpyPeerAsync ran at 396 GB/s on 2 x H200 where the exchange kernel's SM stores reach
+// ~157 GB/s per direction in the layer. Only the fused call can use it: its areas are fixed, so
+// the host knows the addresses; the staged calls' half depends on the device-side epoch.
+bool CopyEngine() {
+  static const bool ce = [] {
+    const char* env = std::getenv("JAX_MOK_PEER_COPY");
+    return env && std::string(env) == "ce";
+  }();
+  return ce;
+}
+
+// The copy-engine push of exchange `p` (every field, every destination including my own slot,
+// or, in reduce mode, every destination but me) into the fixed area `area_offset`.
+ffi::Error PushWithCopyEngine(const symmetric::View& v, int64_t area_offset, bool include_own,
+                              Exchange* p, cudaStream_t stream) {
+  for (int fi = 0; fi < p->num_fields; ++fi) {
+    const Field& f = p->field[fi];
+    for (int d = 0; d < v.ep_size; ++d) {
+      if (d == v.rank && !include_own) continue;
+      char* dst = v.peer_base[d] + area_offset + f.offset + static_cast<int64_t>(v.rank) * f.stride;
+      MOK_CUDA_RETURN(cudaMemcpyAsync(dst, f.src + static_cast<int64_t>(d) * f.chunk_bytes,
+                                      static_cast<size_t>(f.chunk_bytes), cudaMemcpyDeviceToDevice,
+                                      stream));
+    }
+  }
+  p->pushed = true;
+  return ffi::Error::Success();
+}
+
 // One region of the workspace (symmetric.h: kAreas areas of EP regions after the signal area).
 int64_t RegionBytes(const symmetric::View& v) {
   return (v.bytes - symmetric::kSignalBytes) / (symmetric::kAreas * v.ep_size);
@@ -319,7 +351,12 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
                  "; the WorkspaceSpec does not match this call");
   d.area[0] = d.area[1] = AreaOffset(v, 2);
   Common(v, kDispatch, &d);
-  MOK_RETURN_IF_ERROR(Launch(d, kInPlace, pr.dtype, Grid(offset / ep, sms), stream));
+  int grid = Grid(offset / ep, sms);
+  if (CopyEngine()) {
+    MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 2), true, &d, stream));
+    grid = 1;  // the kernel only signals and waits
+  }
+  MOK_RETURN_IF_ERROR(Launch(d, kInPlace, pr.dtype, grid, stream));
 
   // The expert phases read the received rows in place (my own workspace, area 2).
   const char* area = v.local + AreaOffset(v, 2);
@@ -341,6 +378,7 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   c.area[0] = c.area[1] = AreaOffset(v, 3);
   Common(v, kCombine, &c);
   SetReduction(home_row, *y, H, &c);
+  if (CopyEngine()) MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 3), false, &c, stream));
   MOK_RETURN_IF_ERROR(Launch(c, kReduce, pr.dtype, ReduceGrid(c, sms), stream));
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }

@@ -142,6 +142,7 @@ std::string Lookup(int64_t id, int ordinal, View* view) {
   view->bytes = e.bytes;
   view->local = e.own.base;
   view->peers = e.table;
+  for (int r = 0; r < e.ep_size; ++r) view->peer_base[r] = e.peers[r].base;
   view->error_device = e.error_device;
   view->error_host = e.error_host;
   return "";

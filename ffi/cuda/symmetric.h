@@ -39,6 +39,7 @@ struct View {
   int64_t bytes = 0;
   char* local = nullptr;                 // this rank's workspace
   char* const* peers = nullptr;          // device array [ep_size]: every rank's base (own at rank)
+  char* peer_base[kMaxRanks] = {};       // the same bases, host copy (copy-engine pushes)
   unsigned int* error_device = nullptr;  // mapped pinned error word, device address
   volatile unsigned int* error_host = nullptr;
 };
