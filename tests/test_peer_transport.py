@@ -302,10 +302,14 @@ _COPY_ENGINE = textwrap.dedent("""
 
 
 @pytest.mark.multigpu
-def test_fused_forward_with_copy_engine_equals_staged():
-    """JAX_MOK_PEER_COPY=ce (the fused call's stores through cudaMemcpyAsync; read once per
-    process, hence a subprocess): the same bits as the staged calls, on back-to-back calls."""
-    env = {**os.environ, "JAX_MOK_PEER_COPY": "ce", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+@pytest.mark.parametrize("settings", [{"JAX_MOK_PEER_COPY": "ce"},
+                                      {"JAX_MOK_PEER_OVERLAP": "1"},
+                                      {"JAX_MOK_PEER_OVERLAP": "1", "JAX_MOK_PEER_COPY": "ce"}])
+def test_fused_forward_with_copy_engine_equals_staged(settings):
+    """JAX_MOK_PEER_COPY=ce (the fused call's stores through cudaMemcpyAsync) and
+    JAX_MOK_PEER_OVERLAP=1 (x rows on a side stream, GEMM tiles waiting for them); both read once
+    per process, hence a subprocess: the same bits as the staged calls, on back-to-back calls."""
+    env = {**os.environ, **settings, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     proc = subprocess.run([sys.executable, "-c", _COPY_ENGINE], capture_output=True, text=True,
                           timeout=180, env=env)
     out = proc.stdout + proc.stderr

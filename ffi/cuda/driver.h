@@ -36,4 +36,9 @@ struct Driver {
 // Resolved once per process.
 const Driver& GetDriver();
 
+// cuStreamWriteValue64 (a 64-bit store by the stream, after its earlier work, with a memory
+// barrier before it), or nullptr when the driver does not offer it. Resolved once per process.
+using StreamWriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+StreamWriteValue64 GetStreamWriteValue64();
+
 }  // namespace mok::cuda::symmetric

@@ -18,9 +18,11 @@
 #include <string>
 
 #include "common/problem.h"
+#include "cuda/driver.h"
 #include "cuda/ep_exchange.cuh"
 #include "cuda/ep_handlers.h"
 #include "cuda/moe.h"
+#include "cuda/row_wait.cuh"
 #include "cuda/status.cuh"
 #include "cuda/symmetric.h"
 
@@ -175,6 +177,90 @@ ffi::Error PushWithCopyEngine(const symmetric::View& v, int64_t area_offset, boo
     }
   }
   p->pushed = true;
+  return ffi::Error::Success();
+}
+
+// JAX_MOK_PEER_OVERLAP=1 (branch wip/overlap, compile-checked only): the fused forward's x rows
+// travel on a side stream by copy engine while the main stream exchanges ids and weights, routes
+// and starts the gate/up GEMM, whose tiles wait for the rows of other ranks (row_wait.cuh).
+bool Overlap() {
+  static const bool on = [] {
+    const char* env = std::getenv("JAX_MOK_PEER_OVERLAP");
+    return env && env[0] == '1';
+  }();
+  return on;
+}
+
+// One side stream per device with the events that fork it from and join it to XLA's stream.
+// (XLA runs one program at a time on a device's compute stream, so one set suffices.)
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, done = nullptr;
+};
+
+ffi::Error GetSideStream(int32_t device, SideStream** out) {
+  static std::mutex mu;
+  static SideStream sides[symmetric::kMaxRanks];
+  MOK_CUDA_CHECK(device >= 0 && device < symmetric::kMaxRanks, "device ordinal ", device,
+                 " out of range");
+  std::lock_guard<std::mutex> lock(mu);
+  SideStream& s = sides[device];
+  if (s.stream == nullptr) {
+    MOK_CUDA_RETURN(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    MOK_CUDA_RETURN(cudaEventCreateWithFlags(&s.start, cudaEventDisableTiming));
+    MOK_CUDA_RETURN(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  }
+  *out = &s;
+  return ffi::Error::Success();
+}
+
+// Fallback when the driver has no cuStreamWriteValue64: a one-thread kernel stores the flag.
+// (It needs a free SM slot while the GEMMs run; a GEMM CTA leaves room for a 32-thread CTA.)
+static __global__ void store_flag_kernel(unsigned long long* flag, unsigned long long value) {
+  __threadfence_system();
+  store_release_sys(flag, value);
+}
+
+// Forks the side stream: x chunk d -> rank d's area-2 slot (mine included) by copy engine, then
+// arrival_x[me] = the call's number on every peer. Fills `wait` for the expert phases.
+ffi::Error StartRowPush(const symmetric::View& v, int64_t id, int32_t device, const Field& x,
+                        int64_t area_offset, cudaStream_t stream, SideStream** side_out,
+                        RowWait* wait) {
+  SideStream* side = nullptr;
+  MOK_RETURN_IF_ERROR(GetSideStream(device, &side));
+  const unsigned long long call = symmetric::NextFusedCall(id, device);
+  MOK_CUDA_CHECK(call > 0, "peer workspace ", id, " is not set up on device ", device);
+  MOK_CUDA_RETURN(cudaEventRecord(side->start, stream));
+  MOK_CUDA_RETURN(cudaStreamWaitEvent(side->stream, side->start, 0));
+  for (int d = 0; d < v.ep_size; ++d) {
+    char* dst = v.peer_base[d] + area_offset + x.offset + static_cast<int64_t>(v.rank) * x.stride;
+    MOK_CUDA_RETURN(cudaMemcpyAsync(dst, x.src + static_cast<int64_t>(d) * x.chunk_bytes,
+                                    static_cast<size_t>(x.chunk_bytes), cudaMemcpyDeviceToDevice,
+                                    side->stream));
+  }
+  const symmetric::StreamWriteValue64 write = symmetric::GetStreamWriteValue64();
+  for (int q = 0; q < v.ep_size; ++q) {
+    if (q == v.rank) continue;
+    char* flag = v.peer_base[q] + offsetof(symmetric::Signal, arrival_x) +
+                 static_cast<int64_t>(v.rank) * sizeof(unsigned long long);
+    if (write) {
+      const CUresult r = write(reinterpret_cast<CUstream>(side->stream),
+                               reinterpret_cast<CUdeviceptr>(flag), call, 0);
+      MOK_CUDA_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 into rank ", q,
+                     "'s workspace failed (CUresult ", static_cast<int>(r), ")");
+    } else {
+      store_flag_kernel<<<1, 1, 0, side->stream>>>(reinterpret_cast<unsigned long long*>(flag),
+                                                   call);
+      MOK_CUDA_RETURN(cudaGetLastError());
+    }
+  }
+  MOK_CUDA_RETURN(cudaEventRecord(side->done, side->stream));
+  wait->flags =
+      reinterpret_cast<const unsigned long long*>(v.local + offsetof(symmetric::Signal, arrival_x));
+  wait->target = call;
+  wait->self = v.rank, wait->sources = v.ep_size;
+  wait->error = v.error_device, wait->timeout_ns = TimeoutNs();
+  *side_out = side;
   return ffi::Error::Success();
 }
 
@@ -351,6 +437,17 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
                  "; the WorkspaceSpec does not match this call");
   d.area[0] = d.area[1] = AreaOffset(v, 2);
   Common(v, kDispatch, &d);
+  const int64_t ids_offset = d.field[1].offset, w_offset = d.field[2].offset;
+  RowWait row_wait;
+  const RowWait* wait = nullptr;
+  SideStream* side = nullptr;
+  if (Overlap()) {  // x on the side stream; the exchange below carries ids and weights only
+    MOK_RETURN_IF_ERROR(StartRowPush(v, workspace_id, device, d.field[0], AreaOffset(v, 2), stream,
+                                     &side, &row_wait));
+    row_wait.rows_per_source = static_cast<int>(R);
+    wait = &row_wait;
+    d.field[0] = d.field[1], d.field[1] = d.field[2], d.num_fields = 2;
+  }
   int grid = Grid(offset / ep, sms);
   if (CopyEngine()) {
     MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 2), true, &d, stream));
@@ -362,13 +459,14 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   const char* area = v.local + AreaOffset(v, 2);
   char* rows = nullptr;  // [EP*R, H] in x's dtype: each row's local experts summed
   MOK_RETURN_IF_ERROR(AllocateScratch(scratch, static_cast<size_t>(ep * x_chunk), &rows));
-  const int* rid = reinterpret_cast<const int*>(area + d.field[1].offset);
-  const float* rw = reinterpret_cast<const float*>(area + d.field[2].offset);
+  const int* rid = reinterpret_cast<const int*>(area + ids_offset);
+  const float* rw = reinterpret_cast<const float*>(area + w_offset);
   MOK_RETURN_IF_ERROR(DispatchDtype(pr.dtype, [&](auto tag) {
     using T = decltype(tag);
     return Forward<T>(stream, scratch, dev, pr, reinterpret_cast<const T*>(area), rid, rw,
                       static_cast<const T*>(wgu.untyped_data()),
-                      static_cast<const T*>(wd.untyped_data()), reinterpret_cast<T*>(rows));
+                      static_cast<const T*>(wd.untyped_data()), reinterpret_cast<T*>(rows), nullptr,
+                      wait);
   }));
 
   // Area 3: the rows computed for source s go home to rank s; then the fixed-order reduction.
@@ -380,6 +478,7 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   SetReduction(home_row, *y, H, &c);
   if (CopyEngine()) MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 3), false, &c, stream));
   MOK_RETURN_IF_ERROR(Launch(c, kReduce, pr.dtype, ReduceGrid(c, sms), stream));
+  if (side) MOK_CUDA_RETURN(cudaStreamWaitEvent(stream, side->done, 0));  // join the x push
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
 

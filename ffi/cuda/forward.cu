@@ -1,13 +1,14 @@
 // The forward phases: see moe.cuh for the phase list. A translation unit of its own so that the
 // forward and backward kernels compile in parallel.
 #include "cuda/moe.cuh"
+#include "cuda/row_wait.cuh"
 
 namespace mok::cuda {
 
 template <class T>
 ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
-                   const T* wd, T* y, T* h_save) {
+                   const T* wd, T* y, T* h_save, const RowWait* wait) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
   const bool wgmma = UseWgmma(pr.dtype);
   const bool pregather = wgmma && UsePregatherX(F, TK / pr.experts);  // moe.cuh: long GEMMs
@@ -31,6 +32,13 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
   const int bn = wgmma ? kWgmmaBN : kSimtBN;
   ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
+  // Overlapped fused forward: the wgmma gate/up GEMM gathers x row by row and waits per tile;
+  // the pregather and the SIMT GEMM read every row at once, so they wait for all of them first.
+  const bool tile_wait = wait && wgmma && !pregather;
+  if (wait && !tile_wait) {
+    wait_rows_kernel<<<1, 32, 0, stream>>>(*wait);
+    MOK_RETURN_IF_ERROR(Stage("wait for the peers' rows", cudaGetLastError(), stream));
+  }
   if (pregather)
     MOK_RETURN_IF_ERROR(
         Stage("gather x into expert order",
@@ -42,6 +50,7 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
   g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
   const ExpertOrderRows x_rows = InExpertOrder(x, x_sorted, r);
   g1.a = x_rows.base, g1.a_gather = x_rows.gather, g1.lda = H, g1.a_rows = TK;
+  if (tile_wait) g1.wait = *wait;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
   g1.out = act, g1.ldo = F, g1.out2 = h_save;
   if (h_save) {  // training: keep h for the backward (saves its recompute GEMM)
@@ -74,10 +83,10 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const De
 template ffi::Error Forward<bf16>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                                   const DeviceInfo& dev, const Problem& pr, const bf16* x,
                                   const int* ids, const float* w, const bf16* wgu, const bf16* wd,
-                                  bf16* y, bf16* h_save);
+                                  bf16* y, bf16* h_save, const RowWait* wait);
 template ffi::Error Forward<float>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                                    const DeviceInfo& dev, const Problem& pr, const float* x,
                                    const int* ids, const float* w, const float* wgu,
-                                   const float* wd, float* y, float* h_save);
+                                   const float* wd, float* y, float* h_save, const RowWait* wait);
 
 }  // namespace mok::cuda

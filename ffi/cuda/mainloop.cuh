@@ -74,6 +74,17 @@ __device__ __forceinline__ uint32_t swizzled(int mn, int k) {
 }
 
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+// True in every producer thread when `pred` holds in any of them (a barrier, like producer_sync).
+__device__ __forceinline__ bool producer_any(bool pred) {
+  int any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.or.pred q, 1, 128, p;\n"
+      " selp.b32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<int>(pred))
+      : "memory");
+  return any != 0;
+}
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
 
 // Routed-K by TMA: the last k-block of an expert holds `valid` < BK of its positions; the rows
@@ -193,12 +204,23 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
     return;
   }
   const TileWalk<kMode, kPair> walk(p, s_pair, s_prefix, s_offset);
+  bool rows_ready = p.wait.flags == nullptr;  // the overlapped fused forward: row_wait.cuh
   for (int tile = walk.first; tile < walk.total; tile += walk.stride) {
     const WorkTile w = walk(p, tile);
     if constexpr (kMode != Mode::kRoutedK) {
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
       s_rows[t] = t < w.rows ? (p.a_gather ? (int64_t)p.a_gather[pos] : (int64_t)pos) * p.lda : -1;
+      if (!rows_ready) {
+        // The first tile holding another rank's row waits (thread 0, bounded) until every rank's
+        // rows have landed; the producer_sync below holds the other threads until it is done.
+        const bool remote = t < w.rows && p.a_gather != nullptr &&
+                            p.a_gather[pos] / p.wait.rows_per_source != p.wait.self;
+        if (producer_any(remote)) {
+          if (t == 0) wait_rows_arrived(p.wait);
+          rows_ready = true;
+        }
+      }
       producer_sync();
       const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A (and of B when K-major)
       // B column (N-major B: one per thread) or B rows (K-major B: 16 per thread)

@@ -39,10 +39,14 @@ ffi::Error CheckCommon(const Problem& pr);
 // instantiated for bf16 and float. h_save (forward) / h_saved (backward): the gate/up
 // pre-activations [T*k, 2F] in x's dtype, rows in the expert-sorted assignment order that both
 // directions rebuild identically from topk_ids; with them the backward skips its recompute GEMM.
+struct RowWait;  // row_wait.cuh
+
+// `wait` (the overlapped fused forward, ep_handlers.cu): rows of other ranks may still be landing;
+// the phases that read x wait for them (per GEMM tile, or before a phase that reads all rows).
 template <class T>
 ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
-                   const T* wd, T* y, T* h_save = nullptr);
+                   const T* wd, T* y, T* h_save = nullptr, const RowWait* wait = nullptr);
 
 template <class T>
 ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,

@@ -5,6 +5,7 @@
 
 #include <cuda.h>  // CUtensorMap (types only; driver entry points are fetched at run time)
 
+#include "cuda/row_wait.cuh"
 #include "cuda/schedule.cuh"
 
 namespace mok::cuda {
@@ -59,6 +60,8 @@ struct GemmParams {
   int64_t ldo;                // leading dimension of `out`
   // wgmma + TMA path (routed-M): 3-D tensor map of B, [E][K][N] or [E][N][K] (mainloop.cuh)
   alignas(64) CUtensorMap tmap_b;
+  // routed-M with gathered A (the overlapped fused forward): rows of other ranks wait for them
+  RowWait wait;
   // optional (JAX_MOK_CUDA_TMA_A=1): 2-D tensor map of a non-gathered A, [a_rows][K]
   int64_t a_rows;  // rows of the A allocation (T*k for the activations)
   alignas(64) CUtensorMap tmap_a;

@@ -29,6 +29,9 @@ struct Signal {
   unsigned int ticket_done;        // CTAs of the running call done reading
   unsigned long long reserved[6];  // keeps arrival[] on its own 64-byte line
   unsigned long long arrival[kMaxRanks];
+  // arrival_x[s] = the number of the last overlapped fused call whose x rows rank s finished
+  // storing here (written by s's copy-engine stream; JAX_MOK_PEER_OVERLAP=1, wip/overlap).
+  unsigned long long arrival_x[kMaxRanks];
 };
 static_assert(sizeof(Signal) <= kSignalBytes, "the signal area must fit its 4096 bytes");
 
@@ -49,6 +52,10 @@ struct View {
 std::string Lookup(int64_t id, int ordinal, View* view);
 // Records that a call on (id, ordinal) failed: later calls fail at once with `message`.
 void Poison(int64_t id, int ordinal, const std::string& message);
+// The number of this overlapped fused call on (id, ordinal): 1, 2, ... Every rank issues the same
+// sequence of calls, so the numbers agree; each handler call is one kernel sequence (the
+// handlers are not captured into command buffers), so the host can count them.
+unsigned long long NextFusedCall(int64_t id, int ordinal);
 
 // Bootstrap, called from Python (errors are thrown as std::runtime_error naming the values).
 // Whether ordinals a and b can use each other's memory with native atomics (our NVLink test).
