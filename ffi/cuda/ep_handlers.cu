@@ -221,8 +221,9 @@ static __global__ void store_flag_kernel(unsigned long long* flag, unsigned long
   store_release_sys(flag, value);
 }
 
-// Forks the side stream: x chunk d -> rank d's area-2 slot (mine included) by copy engine, then
-// arrival_x[me] = the call's number on every peer. Fills `wait` for the expert phases.
+// Forks the side stream: x chunk d -> rank d's area-2 slot by copy engine, then arrival_x[me] =
+// the call's number on every peer. My own chunk is copied on XLA's stream (no flag covers it:
+// the GEMMs must find it there). Fills `wait` for the expert phases.
 ffi::Error StartRowPush(const symmetric::View& v, int64_t id, int32_t device, const Field& x,
                         int64_t area_offset, cudaStream_t stream, SideStream** side_out,
                         RowWait* wait) {
@@ -236,7 +237,7 @@ ffi::Error StartRowPush(const symmetric::View& v, int64_t id, int32_t device, co
     char* dst = v.peer_base[d] + area_offset + x.offset + static_cast<int64_t>(v.rank) * x.stride;
     MOK_CUDA_RETURN(cudaMemcpyAsync(dst, x.src + static_cast<int64_t>(d) * x.chunk_bytes,
                                     static_cast<size_t>(x.chunk_bytes), cudaMemcpyDeviceToDevice,
-                                    side->stream));
+                                    d == v.rank ? stream : side->stream));
   }
   const symmetric::StreamWriteValue64 write = symmetric::GetStreamWriteValue64();
   for (int q = 0; q < v.ep_size; ++q) {
