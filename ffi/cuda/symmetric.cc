@@ -67,6 +67,7 @@ struct Entry {
   unsigned int* error_device = nullptr;
   bool finalized = false;
   std::string poisoned;
+  unsigned long long exchanges = 0;  // exchange launches issued (NextExchange)
 };
 
 std::mutex mu;
@@ -146,6 +147,12 @@ std::string Lookup(int64_t id, int ordinal, View* view) {
   view->error_device = e.error_device;
   view->error_host = e.error_host;
   return "";
+}
+
+unsigned long long NextExchange(int64_t id, int ordinal) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = registry.find({id, ordinal});
+  return it == registry.end() ? 0 : ++it->second->exchanges;
 }
 
 void Poison(int64_t id, int ordinal, const std::string& message) {
