@@ -297,7 +297,15 @@ _COPY_ENGINE = textwrap.dedent("""
             x = jax.random.normal(jax.random.key(10 + step), (512, 64)).astype(jnp.bfloat16)
             out[mode, step] = np.asarray(fn(x, params)).view(np.uint16)
     same = all(np.array_equal(out["1", s], out["0", s]) for s in range(3))
-    print("COPY ENGINE FUSED == STAGED:", same)
+    x = jax.random.normal(jax.random.key(12), (512, 64)).astype(jnp.bfloat16)
+    want = jax_mok.moe(x, params, mesh=mesh, transport="xla")
+    tol = testing.tolerance(jnp.bfloat16)
+    close = testing.rel_error(out["1", 2].view(jnp.bfloat16), want) < tol  # x of step 2
+    loss = lambda t: jax.jit(jax.grad(lambda x: jnp.sum(jax_mok.moe(
+        x, params, mesh=mesh, transport=t).astype(jnp.float32) ** 2)))
+    grads_close = all(testing.rel_error(loss("peer")(x), loss("xla")(x)) < tol for _ in range(2))
+    print("COPY ENGINE FUSED == STAGED:", same and bool(close) and bool(grads_close), same, close,
+          grads_close)
 """)
 
 
@@ -306,9 +314,11 @@ _COPY_ENGINE = textwrap.dedent("""
                                       {"JAX_MOK_PEER_OVERLAP": "1"},
                                       {"JAX_MOK_PEER_OVERLAP": "1", "JAX_MOK_PEER_COPY": "ce"}])
 def test_fused_forward_with_copy_engine_equals_staged(settings):
-    """JAX_MOK_PEER_COPY=ce (the fused call's stores through cudaMemcpyAsync) and
-    JAX_MOK_PEER_OVERLAP=1 (x rows on a side stream, GEMM tiles waiting for them); both read once
-    per process, hence a subprocess: the same bits as the staged calls, on back-to-back calls."""
+    """JAX_MOK_PEER_COPY=ce (every exchange's stores through cudaMemcpyAsync, the staged calls'
+    half from the host's epoch count, checked on the device) and JAX_MOK_PEER_OVERLAP=1 (x rows
+    on a side stream, GEMM tiles waiting for them); read once per process, hence a subprocess:
+    fused == staged bitwise on back-to-back calls, both close to transport "xla", and the
+    training step's gradients too."""
     env = {**os.environ, **settings, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     proc = subprocess.run([sys.executable, "-c", _COPY_ENGINE], capture_output=True, text=True,
                           timeout=180, env=env)

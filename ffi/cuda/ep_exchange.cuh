@@ -48,6 +48,10 @@ struct Exchange {
   // Every store of step 1 (and my own chunk's copy) done before the launch by copy-engine copies
   // on the same stream: the kernel only signals, waits and reads (JAX_MOK_PEER_COPY=ce).
   bool pushed = false;
+  // The epoch this launch must find (the host's count of exchanges on this workspace; 0 = not
+  // checked). Counted where the host needs the epoch's half (JAX_MOK_PEER_COPY=ce); a mismatch is
+  // an error (phase kEpochCheck), never a silent write into the wrong half.
+  unsigned long long expected_epoch = 0;
   char* const* peers = nullptr;  // device table: every rank's workspace base
   int64_t area[2] = {0, 0};      // byte offset of the data area used in an even / odd epoch
   volatile unsigned int* error = nullptr;
@@ -153,8 +157,13 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
     // The previous call on this workspace finished before this one started (stream order).
     epoch_shared = *reinterpret_cast<volatile unsigned long long*>(&me->epoch) + 1;
     ok_shared = 1;
+    if (p.expected_epoch != 0 && epoch_shared != p.expected_epoch) {
+      report_error(p.error, ErrorCode(kEpochCheck, p.rank));
+      ok_shared = 0;
+    }
   }
   __syncthreads();
+  if (!ok_shared) return;  // the peers time out and report; the workspace is poisoned
   const unsigned long long epoch = epoch_shared;
   const int half = static_cast<int>(epoch & 1ull);
   const int64_t worker = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

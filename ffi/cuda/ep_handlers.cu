@@ -75,12 +75,17 @@ ffi::Error Check(const symmetric::View& v, int64_t id, int32_t device, cudaStrea
   const int phase = static_cast<int>((code - 1u) / 256u),
             peer = static_cast<int>((code - 1u) % 256u);
   const std::string message =
-      Msg("jax_mok peer transport: rank ", v.rank, " (device ", device, ") timed out after ",
-          TimeoutNs() / 1000000ull, " ms waiting for rank ", peer, " in phase ", PhaseName(phase),
-          " (workspace ", id,
-          "): that rank never ran the matching call. Every rank of the "
-          "expert axis must run the same sequence of peer calls (JAX_MOK_PEER_TIMEOUT_MS sets "
-          "the bound)");
+      phase == kEpochCheck
+          ? Msg("jax_mok peer transport: rank ", v.rank, " (device ", device, ", workspace ", id,
+                "): the device's exchange count differs from the host's (JAX_MOK_PEER_COPY=ce "
+                "needs every peer call to be counted on the host); nothing was stored")
+          : Msg("jax_mok peer transport: rank ", v.rank, " (device ", device, ") timed out after ",
+                TimeoutNs() / 1000000ull, " ms waiting for rank ", peer, " in phase ",
+                PhaseName(phase), " (workspace ", id,
+                "): that rank never ran the matching call. Every rank of the "
+                "expert axis must run the same sequence of peer calls (JAX_MOK_PEER_TIMEOUT_MS "
+                "sets "
+                "the bound)");
   symmetric::Poison(id, device, message);
   return ffi::Error::Internal(message);
 }
@@ -148,18 +153,25 @@ ffi::Error Launch(const Exchange& p, ExchangeMode mode, ffi::DataType dtype, int
   return Stage(mode == kReduce ? "peer combine" : "peer dispatch", cudaGetLastError(), stream);
 }
 
-// JAX_MOK_PEER_COPY=ce: the fused forward's two exchanges store through the copy engines
-// (cudaMemcpyAsync into the peers' fixed areas, then the kernel only signals, waits and reads)
-// instead of SM stores. Experimental (fifth session, compile-checked only): a one-direction
-// cudaMemcpyPeerAsync ran at 396 GB/s on 2 x H200 where the exchange kernel's SM stores reach
-// ~157 GB/s per direction in the layer. Only the fused call can use it: its areas are fixed, so
-// the host knows the addresses; the staged calls' half depends on the device-side epoch.
+// JAX_MOK_PEER_COPY=ce: every exchange stores through the copy engines (cudaMemcpyAsync into
+// the peers' slots, then the kernel only signals, waits and reads) instead of SM stores.
+// Experimental (fifth session, compile-checked only): a one-direction cudaMemcpyPeerAsync ran at
+// 396 GB/s on 2 x H200 where the exchange kernel's SM stores reach ~157 GB/s per direction in
+// the layer. The staged calls' half depends on the epoch, so with this switch the host counts
+// every exchange launch (symmetric::NextExchange) and each kernel checks the count.
 bool CopyEngine() {
   static const bool ce = [] {
     const char* env = std::getenv("JAX_MOK_PEER_COPY");
     return env && std::string(env) == "ce";
   }();
   return ce;
+}
+
+// JAX_MOK_PEER_COPY=ce: the epoch a launch will run, counted on the host (every exchange launch
+// on the workspace counts while copy-engine pushes are on), checked by the kernel.
+void CountEpoch(const symmetric::View& v, int64_t id, int32_t device, Exchange* p) {
+  if (CopyEngine()) p->expected_epoch = symmetric::NextExchange(id, device);
+  (void)v;
 }
 
 // The copy-engine push of exchange `p` (every field, every destination including my own slot,
@@ -342,7 +354,19 @@ ffi::Error Dispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::
                  " B over EP=", v.ep_size, " ranks); the WorkspaceSpec does not match this call");
   StagedAreas(v, &p);
   Common(v, phase, &p);
-  MOK_RETURN_IF_ERROR(Launch(p, kCopyOut, x.element_type(), Grid(offset, sms), stream));
+  CountEpoch(v, workspace_id, device, &p);
+  int grid = Grid(offset, sms);
+  if (p.expected_epoch != 0) {  // copy engines: the host knows this epoch's half
+    const int half = static_cast<int>(p.expected_epoch & 1ull);
+    MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, p.area[half], false, &p, stream));
+    for (int i = 0; i < p.num_fields; ++i) {  // my own chunk straight to the output
+      const Field& f = p.field[i];
+      const int64_t at = static_cast<int64_t>(v.rank) * f.chunk_bytes;
+      MOK_CUDA_RETURN(cudaMemcpyAsync(f.dst + at, f.src + at, static_cast<size_t>(f.chunk_bytes),
+                                      cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+  MOK_RETURN_IF_ERROR(Launch(p, kCopyOut, x.element_type(), grid, stream));
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
 
@@ -373,6 +397,9 @@ ffi::Error Combine(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
   StagedAreas(v, &p);
   Common(v, phase, &p);
   SetReduction(home_row, *y, H, &p);
+  CountEpoch(v, workspace_id, device, &p);
+  if (p.expected_epoch != 0)
+    MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, p.area[p.expected_epoch & 1ull], false, &p, stream));
   MOK_RETURN_IF_ERROR(Launch(p, kReduce, rows.element_type(), ReduceGrid(p, sms), stream));
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
@@ -450,6 +477,7 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
     d.field[0] = d.field[1], d.field[1] = d.field[2], d.num_fields = 2;
   }
   int grid = Grid(offset / ep, sms);
+  CountEpoch(v, workspace_id, device, &d);
   if (CopyEngine()) {
     MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 2), true, &d, stream));
     grid = 1;  // the kernel only signals and waits
@@ -477,6 +505,7 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   c.area[0] = c.area[1] = AreaOffset(v, 3);
   Common(v, kCombine, &c);
   SetReduction(home_row, *y, H, &c);
+  CountEpoch(v, workspace_id, device, &c);
   if (CopyEngine()) MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 3), false, &c, stream));
   MOK_RETURN_IF_ERROR(Launch(c, kReduce, pr.dtype, ReduceGrid(c, sms), stream));
   if (side) MOK_CUDA_RETURN(cudaStreamWaitEvent(stream, side->done, 0));  // join the x push

@@ -11,7 +11,13 @@
 namespace mok::cuda::ep {
 
 // Which exchange a call is, for error messages: a missing peer is named with its phase.
-enum Phase : int { kDispatch = 0, kCombine = 1, kReverseDispatch = 2, kReverseCombine = 3 };
+enum Phase : int {
+  kDispatch = 0,
+  kCombine = 1,
+  kReverseDispatch = 2,
+  kReverseCombine = 3,
+  kEpochCheck = 4
+};
 
 inline const char* PhaseName(int phase) {
   switch (phase) {
@@ -23,6 +29,8 @@ inline const char* PhaseName(int phase) {
       return "reverse dispatch (backward)";
     case kReverseCombine:
       return "reverse combine (backward)";
+    case kEpochCheck:
+      return "epoch check";
     default:
       return "unknown";
   }

@@ -68,6 +68,7 @@ struct Entry {
   bool finalized = false;
   std::string poisoned;
   unsigned long long fused_calls = 0;  // overlapped fused forwards issued (NextFusedCall)
+  unsigned long long exchanges = 0;    // exchange launches issued (NextExchange)
 };
 
 std::mutex mu;
@@ -153,6 +154,12 @@ unsigned long long NextFusedCall(int64_t id, int ordinal) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = registry.find({id, ordinal});
   return it == registry.end() ? 0 : ++it->second->fused_calls;
+}
+
+unsigned long long NextExchange(int64_t id, int ordinal) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = registry.find({id, ordinal});
+  return it == registry.end() ? 0 : ++it->second->exchanges;
 }
 
 void Poison(int64_t id, int ordinal, const std::string& message) {

@@ -50,6 +50,11 @@ struct View {
 // Fills `view` for a handler; returns "" or the reason it cannot (unknown id, not finalized,
 // poisoned by an earlier error).
 std::string Lookup(int64_t id, int ordinal, View* view);
+// The epoch the next exchange launch on (id, ordinal) will run (1, 2, ...): the host's count of
+// launches, which equals the device's epoch while every launch is counted (JAX_MOK_PEER_COPY=ce;
+// the kernel checks it). The handlers are not captured into command buffers, so each handler call
+// is one launch sequence.
+unsigned long long NextExchange(int64_t id, int ordinal);
 // Records that a call on (id, ordinal) failed: later calls fail at once with `message`.
 void Poison(int64_t id, int ordinal, const std::string& message);
 // The number of this overlapped fused call on (id, ordinal): 1, 2, ... Every rank issues the same
