@@ -76,8 +76,8 @@ def _combine_call(rows, home_row, workspace_id: int, phase: int):
     return call(rows, home_row, workspace_id=np.int64(workspace_id), phase=np.int32(phase))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def combine(rows: jax.Array, home_row: jax.Array, workspace_id: int) -> jax.Array:
+def combine(rows: jax.Array, home_row: jax.Array, workspace_id: int,
+            source_token: jax.Array | None = None) -> jax.Array:
     """Sends each rank's expert results home and reduces them per token in rank order.
 
     Args:
@@ -85,34 +85,51 @@ def combine(rows: jax.Array, home_row: jax.Array, workspace_id: int) -> jax.Arra
         that rank ``s`` sent here.
       home_row: ``[T, EP]`` int32: the row of token ``t`` in the chunk it sent to rank ``d``, or
         -1 when it sent nothing there.
+      workspace_id: static.
+      source_token: ``[EP, R]`` int32, the token of each row this rank sent (``T`` on padding),
+        when the caller has it: the backward then gathers ``dy`` into rows instead of scattering
+        it (the same values).
 
     Returns:
       ``y [T, H]`` float32, ``y[t] = sum_{d = 0..EP-1, home_row[t, d] >= 0} result_d[home_row]``.
     """
+    if source_token is None:
+        source_token = jnp.zeros((0, 0), jnp.int32)
+    return _combine(rows, home_row, source_token, workspace_id)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _combine(rows, home_row, source_token, workspace_id):
     return _combine_call(rows, home_row, workspace_id, COMBINE)
 
 
-def _combine_fwd(rows, home_row, workspace_id):
+def _combine_fwd(rows, home_row, source_token, workspace_id):
     # A zero-size array carries R and the dtype (residuals must be arrays).
     like = jnp.zeros((0, rows.shape[1]), rows.dtype)
-    return _combine_call(rows, home_row, workspace_id, COMBINE), (home_row, like)
+    return _combine_call(rows, home_row, workspace_id, COMBINE), (home_row, source_token, like)
 
 
 def _combine_bwd(workspace_id, residuals, ct_y):
-    home_row, like = residuals
+    home_row, source_token, like = residuals
     (T, ep), R, H, dtype = home_row.shape, like.shape[1], ct_y.shape[1], like.dtype
     # Reverse combine: dy of token t goes to row home_row[t, d] of the chunk for rank d.
-    dests = jnp.broadcast_to(jnp.arange(ep, dtype=jnp.int32)[None, :], (T, ep))
-    rows_idx = jnp.where(home_row >= 0, home_row, R)  # R: out of range, dropped
-    grad = jnp.zeros((ep, R, H), dtype).at[dests, rows_idx].set(
-        jnp.broadcast_to(ct_y.astype(dtype)[:, None, :], (T, ep, H)), mode="drop")
+    if source_token.size:  # a gather by each row's token
+        from jax_mok.sharding import _gather_rows
+
+        grad = _gather_rows(ct_y.astype(dtype), jnp.minimum(source_token, T - 1),
+                            source_token >= T)
+    else:  # a scatter by each token's rows
+        dests = jnp.broadcast_to(jnp.arange(ep, dtype=jnp.int32)[None, :], (T, ep))
+        rows_idx = jnp.where(home_row >= 0, home_row, R)  # R: out of range, dropped
+        grad = jnp.zeros((ep, R, H), dtype).at[dests, rows_idx].set(
+            jnp.broadcast_to(ct_y.astype(dtype)[:, None, :], (T, ep, H)), mode="drop")
     dummy_ids = jnp.zeros((ep, 1, 1), jnp.int32)
     dummy_w = jnp.zeros((ep, 1, 1), jnp.float32)
     back, _, _ = _exchange(grad, dummy_ids, dummy_w, workspace_id, REVERSE_COMBINE)
-    return back, None
+    return back, None, None
 
 
-combine.defvjp(_combine_fwd, _combine_bwd)
+_combine.defvjp(_combine_fwd, _combine_bwd)
 
 
 def fused_enabled() -> bool:
@@ -121,8 +138,8 @@ def fused_enabled() -> bool:
     return os.environ.get("JAX_MOK_PEER_FUSED", "1") != "0"
 
 
-def _staged_experts(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id,
-                    implementation, save_activations):
+def _staged_experts(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
+                    workspace_id, implementation, save_activations):
     """dispatch -> the local experts on every received row -> combine (three calls)."""
     from jax_mok import autodiff  # autodiff imports routing; keep this module light at import
 
@@ -132,7 +149,7 @@ def _staged_experts(send_x, send_ids, send_w, home_row, w_gate_up, w_down, works
         recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
         recv_w.reshape(ep * rows, -1), w_gate_up, w_down,
         implementation=implementation, save_activations=save_activations)  # [EP * R, H]
-    return combine(out.reshape(ep, rows, H), home_row, workspace_id)
+    return combine(out.reshape(ep, rows, H), home_row, workspace_id, source_token)
 
 
 def _fused_call(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id):
@@ -143,10 +160,10 @@ def _fused_call(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace
                 workspace_id=np.int64(workspace_id))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
 def experts_over_peers(send_x: jax.Array, send_ids: jax.Array, send_w: jax.Array,
-                       home_row: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
-                       workspace_id: int, implementation: str = "ffi",
+                       home_row: jax.Array, source_token: jax.Array, w_gate_up: jax.Array,
+                       w_down: jax.Array, workspace_id: int, implementation: str = "ffi",
                        save_activations: bool | None = None) -> jax.Array:
     """Dispatch, this rank's experts, combine: ``y [T, H]`` float32 (the shared expert not
     included).
@@ -161,21 +178,21 @@ def experts_over_peers(send_x: jax.Array, send_ids: jax.Array, send_w: jax.Array
 
     Args:
       send_x, send_ids, send_w: as :func:`dispatch`.
-      home_row: as :func:`combine`.
+      home_row, source_token: as :func:`combine`.
       w_gate_up, w_down: this rank's experts ``[E_loc, H, 2F]``, ``[E_loc, F, H]`` (x's dtype).
       workspace_id, implementation, save_activations: static.
     """
     if _backend is None and implementation in ("ffi", "cuda") and fused_enabled():
         return _fused_call(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id)
-    return _staged_experts(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id,
-                           implementation, save_activations)
+    return _staged_experts(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
+                           workspace_id, implementation, save_activations)
 
 
-def _experts_fwd(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id,
-                 implementation, save_activations):
+def _experts_fwd(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
+                 workspace_id, implementation, save_activations):
     def staged(x, w, gu, dn):
-        return _staged_experts(x, send_ids, w, home_row, gu, dn, workspace_id, implementation,
-                               save_activations)
+        return _staged_experts(x, send_ids, w, home_row, source_token, gu, dn, workspace_id,
+                               implementation, save_activations)
 
     y, vjp = jax.vjp(staged, send_x, send_w, w_gate_up, w_down)
     return y, vjp
@@ -183,7 +200,7 @@ def _experts_fwd(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspac
 
 def _experts_bwd(workspace_id, implementation, save_activations, vjp, ct_y):
     d_x, d_w, d_gu, d_dn = vjp(ct_y)
-    return d_x, None, d_w, None, d_gu, d_dn
+    return d_x, None, d_w, None, None, d_gu, d_dn
 
 
 experts_over_peers.defvjp(_experts_fwd, _experts_bwd)

@@ -435,6 +435,37 @@ def _sum_home_rows(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Ar
     return total
 
 
+def _gather_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array) -> jax.Array:
+    """``values[token_of_row]`` (``[T, ...]`` → ``[EP, R, ...]``), zero on padding rows."""
+    picked = values[token_of_row]  # [EP, R, ...]
+    mask = padding.reshape(padding.shape + (1,) * (picked.ndim - padding.ndim))
+    return jnp.where(mask, jnp.zeros((), values.dtype), picked)
+
+
+@jax.custom_vjp
+def _home_sum(buffer: jax.Array, row: jax.Array, sent: jax.Array, token_of_row: jax.Array,
+              padding: jax.Array) -> jax.Array:
+    """:func:`_sum_home_rows` with its transpose written as a gather: row ``(d, i)`` of the
+    buffer feeds exactly one token (``token_of_row[d, i]``, or none on padding), so the cotangent
+    of the buffer is that token's cotangent — what autodiff's scatter-add computes (bitwise: one
+    term per row), without the scatter (0.24-0.32 ms per scatter fusion on S1 / 8192's training
+    step, 2 x H200)."""
+    return _sum_home_rows(buffer, row, sent)
+
+
+def _home_sum_fwd(buffer, row, sent, token_of_row, padding):
+    like = jnp.zeros((0,), buffer.dtype)  # carries the buffer's dtype (residuals are arrays)
+    return _sum_home_rows(buffer, row, sent), (token_of_row, padding, like)
+
+
+def _home_sum_bwd(residuals, ct):
+    token_of_row, padding, like = residuals
+    return _gather_rows(ct, token_of_row, padding).astype(like.dtype), None, None, None, None
+
+
+_home_sum.defvjp(_home_sum_fwd, _home_sum_bwd)
+
+
 @jax.custom_vjp
 def _pack_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array, row: jax.Array,
                sent: jax.Array) -> jax.Array:
@@ -450,9 +481,7 @@ def _pack_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array, r
 
 
 def _pack_rows_fwd(values, token_of_row, padding, row, sent):
-    picked = values[token_of_row]  # [EP, R, ...]
-    mask = padding.reshape(padding.shape + (1,) * (picked.ndim - padding.ndim))
-    return jnp.where(mask, jnp.zeros((), values.dtype), picked), (row, sent)
+    return _gather_rows(values, token_of_row, padding), (row, sent)
 
 
 def _pack_rows_bwd(residuals, ct):
@@ -529,8 +558,9 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
 
         if peer_workspace is not None:  # one fused call when not differentiated (jax_mok.peer)
             y = peer.experts_over_peers(
-                send_x, send_ids, send_w, jnp.where(sent, row, -1), w_gate_up.astype(dtype),
-                w_down.astype(dtype), peer_workspace, implementation, config.save_activations)
+                send_x, send_ids, send_w, jnp.where(sent, row, -1), source_token,
+                w_gate_up.astype(dtype), w_down.astype(dtype), peer_workspace, implementation,
+                config.save_activations)
         else:
             recv_x = jax.lax.all_to_all(send_x, axis, 0, 0, tiled=True)  # [EP, R, H]
             recv_ids = jax.lax.all_to_all(send_ids, axis, 0, 0, tiled=True)  # [EP, R, k]
@@ -545,7 +575,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
                 save_activations=config.save_activations,
             )  # [EP * R, H]
             back = jax.lax.all_to_all(out.reshape(ep, rows, H), axis, 0, 0, tiled=True)
-            y = _sum_home_rows(back, row, sent)  # fixed order (destination 0..EP-1), float32
+            y = _home_sum(back, row, sent, token_of_row, padding)  # fixed order, float32
         if config.shared_size:
             y = y + api._swiglu_mlp(x_loc, shared_gate_up, shared_down)
         y = y.astype(dtype)

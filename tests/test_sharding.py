@@ -244,3 +244,26 @@ def test_sum_home_rows_adds_in_ascending_destination_order(ep):
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
     assert np.abs(want).sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_home_sum_transpose_is_the_gather(dtype):
+    """sharding._home_sum: the same forward as _sum_home_rows, and a cotangent written as a
+    gather by each row's token that equals autodiff's scatter-add bitwise (one term per row),
+    padding and unsent rows zero."""
+    T, ep, k, rows = 24, 3, 2, 10  # rows < T: some slots overflow and are not sent
+    rng = np.random.default_rng(7)
+    ids = jnp.asarray(rng.integers(-1, 6, size=(T, k)), jnp.int32)
+    _, sent, row, source_token, _ = sharding._dispatch_indices(ids, ep, 2, rows)
+    token_of_row = jnp.minimum(source_token, T - 1)
+    padding = source_token >= T
+    buffer = jnp.asarray(rng.standard_normal((ep, rows, 8)), dtype)
+    ct = jnp.asarray(rng.standard_normal((T, 8)), jnp.float32)
+    fast = lambda b: sharding._home_sum(b, row, sent, token_of_row, padding)
+    plain = lambda b: sharding._sum_home_rows(b, row, sent)
+    np.testing.assert_array_equal(np.asarray(fast(buffer)), np.asarray(plain(buffer)))
+    got = np.asarray(jax.jit(lambda c: jax.vjp(fast, buffer)[1](c)[0])(ct))
+    want = np.asarray(jax.jit(lambda c: jax.vjp(plain, buffer)[1](c)[0])(ct))
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert np.any(got != 0) and np.all(got[np.asarray(padding)] == 0)
