@@ -195,10 +195,12 @@ ffi::Error PushWithCopyEngine(const symmetric::View& v, int64_t area_offset, boo
 // JAX_MOK_PEER_OVERLAP=1 (branch wip/overlap, compile-checked only): the fused forward's x rows
 // travel on a side stream by copy engine while the main stream exchanges ids and weights, routes
 // and starts the gate/up GEMM, whose tiles wait for the rows of other ranks (row_wait.cuh).
+// Needs cuStreamWriteValue64 (the arrival flags written by the side stream without an SM);
+// without it the switch is ignored.
 bool Overlap() {
   static const bool on = [] {
     const char* env = std::getenv("JAX_MOK_PEER_OVERLAP");
-    return env && env[0] == '1';
+    return env && env[0] == '1' && symmetric::GetStreamWriteValue64() != nullptr;
   }();
   return on;
 }
@@ -226,13 +228,6 @@ ffi::Error GetSideStream(int32_t device, SideStream** out) {
   return ffi::Error::Success();
 }
 
-// Fallback when the driver has no cuStreamWriteValue64: a one-thread kernel stores the flag.
-// (It needs a free SM slot while the GEMMs run; a GEMM CTA leaves room for a 32-thread CTA.)
-static __global__ void store_flag_kernel(unsigned long long* flag, unsigned long long value) {
-  __threadfence_system();
-  store_release_sys(flag, value);
-}
-
 // Forks the side stream: x chunk d -> rank d's area-2 slot by copy engine, then arrival_x[me] =
 // the call's number on every peer. My own chunk is copied on XLA's stream (no flag covers it:
 // the GEMMs must find it there). Fills `wait` for the expert phases.
@@ -251,21 +246,18 @@ ffi::Error StartRowPush(const symmetric::View& v, int64_t id, int32_t device, co
                                     static_cast<size_t>(x.chunk_bytes), cudaMemcpyDeviceToDevice,
                                     d == v.rank ? stream : side->stream));
   }
+  // The flag needs no SM: a kernel here could find every SM taken by GEMM CTAs that wait for
+  // the peer's flag, which waits for ours (Overlap() requires the stream write).
   const symmetric::StreamWriteValue64 write = symmetric::GetStreamWriteValue64();
   for (int q = 0; q < v.ep_size; ++q) {
     if (q == v.rank) continue;
     char* flag = v.peer_base[q] + offsetof(symmetric::Signal, arrival_x) +
                  static_cast<int64_t>(v.rank) * sizeof(unsigned long long);
-    if (write) {
-      const CUresult r = write(reinterpret_cast<CUstream>(side->stream),
-                               reinterpret_cast<CUdeviceptr>(flag), call, 0);
-      MOK_CUDA_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 into rank ", q,
-                     "'s workspace failed (CUresult ", static_cast<int>(r), ")");
-    } else {
-      store_flag_kernel<<<1, 1, 0, side->stream>>>(reinterpret_cast<unsigned long long*>(flag),
-                                                   call);
-      MOK_CUDA_RETURN(cudaGetLastError());
-    }
+    const CUresult r = write(reinterpret_cast<CUstream>(side->stream),
+                             reinterpret_cast<CUdeviceptr>(flag), call, 0);
+    MOK_CUDA_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 into rank ", q,
+                   "'s workspace failed (CUresult ", static_cast<int>(r),
+                   "); JAX_MOK_PEER_OVERLAP=0 runs the fused forward without the side stream");
   }
   MOK_CUDA_RETURN(cudaEventRecord(side->done, side->stream));
   wait->flags =
