@@ -423,7 +423,34 @@ def _sum_home_rows(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Ar
     peer combine kernel) rather than one ``[T, EP, ...]`` gather reduced over its middle axis:
     the same sums (bitwise, for EP = 2 any order is this one), and XLA fuses row gathers and
     adds into one pass, where the middle-axis reduction of a gather ran as a slow reduce fusion
-    (0.67 ms of B4's 2.74-ms forward on S1 / 8192, 2 x H200)."""
+    (0.67 ms of B4's 2.74-ms forward on S1 / 8192, 2 x H200).
+
+    ``JAX_MOK_HOME_SUM=kernel`` (read at trace time; experimental, not yet run on a GPU): on CUDA,
+    ``[EP, R, H]`` buffers of 16-byte rows go to the ``mok_home_sum`` kernel instead (the same
+    float32 adds in the same order, 16-byte loads; XLA's gather-add fusion took 0.42-0.48 ms
+    for S1 / 8192's ``[T, H]`` on 2 x H200)."""
+    if _home_sum_kernel_applies(buffer):
+        home_row = jnp.where(sent, row, -1).astype(jnp.int32)
+        return jax.lax.platform_dependent(
+            buffer, home_row, cuda=_home_sum_call, default=lambda b, h: _home_sum_xla(b, row, sent))
+    return _home_sum_xla(buffer, row, sent)
+
+
+def _home_sum_kernel_applies(buffer: jax.Array) -> bool:
+    import os
+
+    if os.environ.get("JAX_MOK_HOME_SUM", "xla") != "kernel" or buffer.ndim != 3:
+        return False
+    per_vector = {jnp.dtype(jnp.bfloat16): 8, jnp.dtype(jnp.float32): 4}.get(buffer.dtype)
+    return per_vector is not None and buffer.shape[2] % per_vector == 0
+
+
+def _home_sum_call(buffer: jax.Array, home_row: jax.Array) -> jax.Array:
+    out = jax.ShapeDtypeStruct((home_row.shape[0], buffer.shape[2]), jnp.float32)
+    return jax.ffi.ffi_call("mok_home_sum", out)(buffer, home_row)
+
+
+def _home_sum_xla(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Array:
     ep, rows = buffer.shape[0], buffer.shape[1]
     index = jnp.clip(row, 0, rows - 1)
     total = None

@@ -130,3 +130,21 @@ def test_moe_return_aux_and_router_gets_lbl_gradient():
     assert aux["expert_counts"].dtype == jnp.int32 and int(aux["expert_counts"].sum()) == 36
     g = jax.grad(lambda p: jax_mok.moe(x, p, return_aux=True)[1]["load_balancing_loss"])(params)
     assert np.abs(np.asarray(g.router)).sum() > 0
+
+
+@pytest.mark.parametrize("setting,name", [("highest", "HIGHEST"), ("high", "HIGH"),
+                                          ("default", "DEFAULT")])
+def test_router_precision_reaches_the_router_dot(setting, name):
+    """MoEConfig.router_precision sets the router GEMM's precision (seen in the jaxpr); a bad
+    value is refused naming the field. (CPU computes float32 exactly either way.)"""
+    cfg = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=16, ffn_size=8,
+                            router_precision=setting)
+    x = jax.random.normal(jax.random.key(0), (4, 16))
+    router = jax.random.normal(jax.random.key(1), (16, 8))
+    jaxpr = jax.make_jaxpr(lambda a, b: route(a, b, None, cfg)[0].topk_ids)(x, router).jaxpr
+    dots = [e.params["precision"] for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    want = getattr(jax.lax.Precision, name)
+    assert len(dots) == 1 and all(p in (want, (want, want)) for p in dots), dots
+    with pytest.raises(ValueError, match="router_precision"):
+        jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=16, ffn_size=8,
+                          router_precision="bf16")

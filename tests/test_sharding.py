@@ -267,3 +267,45 @@ def test_home_sum_transpose_is_the_gather(dtype):
     assert got.dtype == want.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
     assert np.any(got != 0) and np.all(got[np.asarray(padding)] == 0)
+
+
+def _home_sum_case(dtype, hidden, seed=11):
+    T, ep, k, rows = 40, 2, 3, 24
+    rng = np.random.default_rng(seed)
+    ids = jnp.asarray(rng.integers(-1, 8, size=(T, k)), jnp.int32)
+    _, sent, row, _, _ = sharding._dispatch_indices(ids, ep, 4, rows)
+    buffer = jnp.asarray(rng.standard_normal((ep, rows, hidden)) * 100, dtype)
+    return buffer, row, sent
+
+
+@pytest.mark.parametrize("setting,dtype,hidden,kernel", [
+    ("xla", jnp.bfloat16, 16, False), ("kernel", jnp.bfloat16, 16, True),
+    ("kernel", jnp.float32, 12, True), ("kernel", jnp.bfloat16, 12, False),
+    ("kernel", jnp.float32, 3, False)])
+def test_home_sum_kernel_selection(monkeypatch, setting, dtype, hidden, kernel):
+    """JAX_MOK_HOME_SUM=kernel: the CUDA lowering of _sum_home_rows calls mok_home_sum for
+    [EP, R, H] buffers of whole 16-byte rows (not otherwise, e.g. the [EP, R, k] weights), the
+    CPU lowering never does, and the CPU value is the XLA reduction's."""
+    monkeypatch.setenv("JAX_MOK_HOME_SUM", setting)
+    buffer, row, sent = _home_sum_case(dtype, hidden)
+    f = jax.jit(lambda b: sharding._sum_home_rows(b, row, sent))
+    cuda = f.trace(buffer).lower(lowering_platforms=("cuda",)).as_text()
+    assert ("mok_home_sum" in cuda) == kernel
+    assert "mok_home_sum" not in f.lower(buffer).as_text()
+    np.testing.assert_array_equal(np.asarray(f(buffer)),
+                                  np.asarray(sharding._home_sum_xla(buffer, row, sent)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,hidden", [(jnp.bfloat16, 64), (jnp.float32, 36)])
+def test_home_sum_kernel_equals_xla_bitwise(monkeypatch, dtype, hidden):
+    """On a GPU: mok_home_sum gives the XLA reduction's bits (same float32 adds, same order)."""
+    monkeypatch.setenv("JAX_MOK_HOME_SUM", "kernel")
+    buffer, row, sent = _home_sum_case(dtype, hidden)
+    gpu = jax.devices("gpu")[0]
+    buffer, row, sent = (jax.device_put(a, gpu) for a in (buffer, row, sent))
+    f = jax.jit(lambda b: sharding._sum_home_rows(b, row, sent))
+    assert "mok_home_sum" in f.lower(buffer).as_text()
+    got = np.asarray(f(buffer))
+    want = np.asarray(jax.jit(lambda b: sharding._home_sum_xla(b, row, sent))(buffer))
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

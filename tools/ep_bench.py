@@ -246,6 +246,12 @@ def main() -> None:
         help="with --profile: only these tokens-per-GPU counts (comma-separated), to save time",
     )
     ap.add_argument(
+        "--router-precision",
+        default="highest",
+        choices=("highest", "high", "default"),
+        help="MoEConfig.router_precision of every layer (the router GEMM; B5 has no router)",
+    )
+    ap.add_argument(
         "--budget-s",
         type=float,
         default=1e9,
@@ -285,7 +291,8 @@ def main() -> None:
         for name, tokens in configs:  # token-major: the first token count covers every shape
             shape = testing.SHAPES[name]
             experts = max(ep, shape.experts // args.expert_scale)
-            config = dataclasses.replace(shape.config(), num_experts=experts)
+            config = dataclasses.replace(shape.config(), num_experts=experts,
+                                         router_precision=args.router_precision)
             if name not in params_cache:
                 params_cache.clear()  # one shape's weights at a time
                 params = jax_mok.init_params(jax.random.key(0), config)
@@ -311,11 +318,12 @@ def main() -> None:
                     # sync (default): each peer call ends in a host sync that reports a timeout
                     # from that call; deferred: reported at the next call (ep_handlers.cu)
                     "peer_check": os.environ.get("JAX_MOK_PEER_CHECK", "sync"),
+                    "router_precision": args.router_precision,
                     # kernel switches set for this run (gpu_check_ep.sh EP_ALSO), if any
                     "switches": {
                         k: v
                         for k, v in sorted(os.environ.items())
-                        if k.startswith(("JAX_MOK_CUDA_", "JAX_MOK_PEER_"))
+                        if k.startswith(("JAX_MOK_CUDA_", "JAX_MOK_PEER_", "JAX_MOK_HOME_SUM"))
                         and k not in ("JAX_MOK_PEER_CHECK", "JAX_MOK_PEER_TIMEOUT_MS")
                     },
                 }

@@ -106,6 +106,8 @@ def _note(rec: dict | None, b5: dict | None) -> str:
         elif any(k.endswith("_ms") for k in rec):
             notes.append("per call")
         notes += [f"{k}={v}" for k, v in (rec.get("switches") or {}).items()]
+        if rec.get("router_precision", "highest") != "highest":
+            notes.append(f"router {rec['router_precision']}")
     for k in ("skipped", "error"):
         if b5 and k in b5:
             notes.append(f"B5 {k}")

@@ -117,7 +117,8 @@ done
 
 step "multigpu tests"
 JAX_MOK_REQUIRE_CUDA=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider \
-  tests/test_peer_transport.py tests/test_workspace.py 2>&1 | tee "$OUT/tests_ep.log" | tail -30
+  tests/test_peer_transport.py tests/test_workspace.py \
+  tests/test_sharding.py::test_home_sum_kernel_equals_xla_bitwise 2>&1 | tee "$OUT/tests_ep.log" | tail -30
 TEST_RC=${PIPESTATUS[0]}
 [ "$MODE" = tests ] && exit $TEST_RC
 fi

@@ -99,34 +99,56 @@ __device__ inline void copy_bytes(char* dst, const char* src, int64_t bytes, int
   }
 }
 
-// Combine: one 16-byte vector of a token's output row per step, reduced over d = 0..EP-1.
-template <class T>
-__device__ inline void reduce_rows(const Exchange& p, int half, int64_t worker, int64_t workers) {
+// y[t] = sum over d = 0..EP-1 ascending, where home_row[t, d] >= 0, of row home_row[t, d] of
+// chunk d (base_of(d): [R, H] rows in T), in float32; one 16-byte vector of a row per step.
+template <class T, class BaseOf>
+__device__ inline void reduce_home_rows(BaseOf base_of, const int* home_row, float* y,
+                                        int64_t tokens, int64_t hidden, int ep, int64_t worker,
+                                        int64_t workers) {
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
-  const int64_t vecs_per_row = p.hidden / kVec;
-  const Field& f = p.field[0];
-  for (int64_t i = worker; i < p.tokens * vecs_per_row; i += workers) {
+  const int64_t vecs_per_row = hidden / kVec;
+  for (int64_t i = worker; i < tokens * vecs_per_row; i += workers) {
     const int64_t t = i / vecs_per_row, v = i % vecs_per_row;
     float acc[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
-    for (int d = 0; d < p.ep; ++d) {
-      const int row = p.home_row[t * p.ep + d];
+    for (int d = 0; d < ep; ++d) {
+      const int row = home_row[t * ep + d];
       if (row < 0) continue;
-      // Rows computed by rank d for me: in my slot (half, d), or my own chunk in the operand.
-      const char* base = d == p.rank ? f.src + static_cast<int64_t>(p.rank) * f.chunk_bytes
-                                     : slot(p, f, p.rank, half, d);
       const uint4 raw = reinterpret_cast<const uint4*>(
-          base + (static_cast<int64_t>(row) * p.hidden + v * kVec) * sizeof(T))[0];
+          base_of(d) + (static_cast<int64_t>(row) * hidden + v * kVec) * sizeof(T))[0];
       const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) acc[j] += to_float<T>(e[j]);
     }
-    float4* out = reinterpret_cast<float4*>(p.y + t * p.hidden + v * kVec);
+    float4* out = reinterpret_cast<float4*>(y + t * hidden + v * kVec);
 #pragma unroll
     for (int j = 0; j < kVec / 4; ++j)
       out[j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
   }
+}
+
+// Combine: rows computed by rank d for me are in my slot (half, d), or my own chunk in the operand.
+template <class T>
+__device__ inline void reduce_rows(const Exchange& p, int half, int64_t worker, int64_t workers) {
+  const Field& f = p.field[0];
+  auto base_of = [&](int d) -> const char* {
+    return d == p.rank ? f.src + static_cast<int64_t>(p.rank) * f.chunk_bytes
+                       : slot(p, f, p.rank, half, d);
+  };
+  reduce_home_rows<T>(base_of, p.home_row, p.y, p.tokens, p.hidden, p.ep, worker, workers);
+}
+
+// The same reduction over one [EP, R, H] buffer on this device (the XLA transport's combine and
+// the packing gather's transpose: mok_home_sum, JAX_MOK_HOME_SUM=kernel).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    home_sum_kernel(const char* rows, int64_t chunk_bytes, const int* home_row, float* y,
+                    int64_t tokens, int64_t hidden, int ep) {
+  auto base_of = [&](int d) -> const char* { return rows + d * chunk_bytes; };
+  reduce_home_rows<T>(base_of, home_row, y, tokens, hidden, ep,
+                      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                      static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 // 3. wait, bounded (thread 0 of a CTA): a peer that never launches becomes an error naming it.

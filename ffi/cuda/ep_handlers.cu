@@ -504,6 +504,46 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
 
+// mok_home_sum: rows [EP, R, H] (bf16 / f32, H a multiple of one 16-byte vector), home_row
+// [T, EP] i32 -> y [T, H] f32, y[t] = sum over d ascending with home_row[t, d] >= 0 of
+// rows[d, home_row[t, d]]. No workspace, no peer: one device's reduction (sharding._sum_home_rows).
+ffi::Error HomeSum(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
+                   ffi::AnyBuffer home_row, ffi::Result<ffi::AnyBuffer> y) {
+  auto rd = rows.dimensions();
+  auto hd = home_row.dimensions();
+  auto yd = y->dimensions();
+  MOK_CUDA_CHECK(rd.size() == 3, "rows must be [EP, R, H], got rank ", rd.size());
+  const int64_t ep = rd[0], R = rd[1], H = rd[2];
+  const ffi::DataType dt = rows.element_type();
+  MOK_CUDA_CHECK(dt == ffi::DataType::BF16 || dt == ffi::DataType::F32,
+                 "rows must be bfloat16 or float32, got ", DtypeName(dt));
+  const int64_t vec = dt == ffi::DataType::BF16 ? 8 : 4;
+  MOK_CUDA_CHECK(H % vec == 0, "mok_home_sum needs H to be a multiple of ", vec, ", got H=", H);
+  MOK_CUDA_CHECK(hd.size() == 2 && hd[1] == ep && home_row.element_type() == ffi::DataType::S32,
+                 "home_row must be int32 [T, EP=", ep, "]");
+  MOK_CUDA_CHECK(
+      yd.size() == 2 && yd[0] == hd[0] && yd[1] == H && y->element_type() == ffi::DataType::F32,
+      "y must be float32 [T=", hd[0], ", H=", H, "]");
+  int current = -1, sms = 0;
+  MOK_CUDA_RETURN(cudaGetDevice(&current));
+  if (current != device) MOK_CUDA_RETURN(cudaSetDevice(device));
+  MOK_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t tokens = hd[0];
+  if (tokens == 0) return ffi::Error::Success();
+  const int grid = Grid(tokens * H * 4, sms);
+  const char* base = static_cast<const char*>(rows.untyped_data());
+  const int64_t chunk = R * H * (dt == ffi::DataType::BF16 ? 2 : 4);
+  const int* home = static_cast<const int*>(home_row.untyped_data());
+  float* out = static_cast<float*>(y->untyped_data());
+  if (dt == ffi::DataType::BF16)
+    home_sum_kernel<bf16>
+        <<<grid, kThreads, 0, stream>>>(base, chunk, home, out, tokens, H, static_cast<int>(ep));
+  else
+    home_sum_kernel<float>
+        <<<grid, kThreads, 0, stream>>>(base, chunk, home, out, tokens, H, static_cast<int>(ep));
+  return Stage("home sum", cudaGetLastError(), stream);
+}
+
 }  // namespace
 }  // namespace mok::cuda::ep
 
@@ -539,6 +579,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdCuda, mok::cuda::ep::FusedForward,
                                   .Arg<xla::ffi::AnyBuffer>()  // w_down [E_loc, F, H]
                                   .Ret<xla::ffi::AnyBuffer>()  // y [T, H] f32
                                   .Attr<int64_t>("workspace_id"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokHomeSumCuda, mok::cuda::ep::HomeSum,
+                              EpContext()
+                                  .Arg<xla::ffi::AnyBuffer>()    // rows [EP, R, H]
+                                  .Arg<xla::ffi::AnyBuffer>()    // home_row [T, EP] i32
+                                  .Ret<xla::ffi::AnyBuffer>());  // y [T, H] f32
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpCombineCuda, mok::cuda::ep::Combine,
                               EpContext()
