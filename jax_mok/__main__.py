@@ -1,6 +1,7 @@
 """``python -m jax_mok info | bench | check``.
 
-  info   what is built (CPU / CUDA kernels), the JAX version and devices
+  info   what is built (CPU / CUDA kernels), the JAX version and devices, and which expert-
+         parallel transport ("peer" or "xla") `auto` picks over every device, with the reason
   bench  a jitted forward+backward of a preset on the default device: checked against the
          reference, then timed (median), printed as ms and TFLOP/s
   check  only the reference check of ``bench``
@@ -43,7 +44,23 @@ def cmd_info(_args) -> int:
         detail = f" {cuda.device_info()}"
     print(f"  CUDA kernels    : {'built' if cuda else 'not built'}{detail}")
     print(f"  default implementation here: {api.default_implementation()}")
+    print(f"  expert parallelism over all {len(jax.devices())} devices: {_ep_transport()}")
     return 0
+
+
+def _ep_transport() -> str:
+    """What ``transport="auto"`` picks on a 1-D expert mesh of every device, and why."""
+    from jax_mok import sharding, workspace
+
+    devices = jax.devices()
+    if len(devices) < 2:
+        return "one device, no exchange"
+    mesh = jax.sharding.Mesh(np.array(devices), ("expert",))
+    ok, reason = workspace.peer_transport_available(mesh, "expert")
+    default = sharding._default_transport()
+    if ok:
+        return f"transport 'peer' available ({reason}); JAX_MOK_TRANSPORT={default}"
+    return f"transport 'xla' ({reason}); JAX_MOK_TRANSPORT={default}"
 
 
 def _problem(args):
