@@ -141,15 +141,11 @@ def fused_enabled() -> bool:
 def _staged_experts(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
                     workspace_id, implementation, save_activations):
     """dispatch -> the local experts on every received row -> combine (three calls)."""
-    from jax_mok import autodiff  # autodiff imports routing; keep this module light at import
+    from jax_mok.sharding import _experts_on_rows  # sharding imports this module lazily
 
-    ep, rows, H = send_x.shape
-    recv_x, recv_ids, recv_w = dispatch(send_x, send_ids, send_w, workspace_id)
-    out = autodiff.routed_experts(
-        recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
-        recv_w.reshape(ep * rows, -1), w_gate_up, w_down,
-        implementation=implementation, save_activations=save_activations)  # [EP * R, H]
-    return combine(out.reshape(ep, rows, H), home_row, workspace_id, source_token)
+    received = dispatch(send_x, send_ids, send_w, workspace_id)
+    out = _experts_on_rows(*received, w_gate_up, w_down, implementation, save_activations)
+    return combine(out, home_row, workspace_id, source_token)
 
 
 def _fused_call(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id):

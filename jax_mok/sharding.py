@@ -437,8 +437,6 @@ def _sum_home_rows(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Ar
 
 
 def _home_sum_kernel_applies(buffer: jax.Array) -> bool:
-    import os
-
     if os.environ.get("JAX_MOK_HOME_SUM", "xla") != "kernel" or buffer.ndim != 3:
         return False
     per_vector = {jnp.dtype(jnp.bfloat16): 8, jnp.dtype(jnp.float32): 4}.get(buffer.dtype)
@@ -460,6 +458,21 @@ def _home_sum_xla(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Arr
         term = jnp.where(mask, picked, 0.0)
         total = (0.0 + term) if total is None else total + term  # 0 + b_0: as the kernel does
     return total
+
+
+def _experts_on_rows(recv_x: jax.Array, recv_ids: jax.Array, recv_w: jax.Array,
+                     w_gate_up: jax.Array, w_down: jax.Array, implementation: str,
+                     save_activations: bool | None) -> jax.Array:
+    """This device's experts on the rows it received, ``[EP, R, H]`` (ids, weights
+    ``[EP, R, k]``; local expert ids) → ``[EP, R, H]``: each row's local experts summed."""
+    from jax_mok import autodiff  # autodiff imports routing; keep the import cycle one-way
+
+    ep, rows, H = recv_x.shape
+    out = autodiff.routed_experts(
+        recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
+        recv_w.reshape(ep * rows, -1), w_gate_up, w_down, implementation=implementation,
+        save_activations=save_activations)
+    return out.reshape(ep, rows, H)
 
 
 def _gather_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array) -> jax.Array:
@@ -581,27 +594,17 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         send_w = jnp.where(mine, pack(routing.topk_weights), 0.0)
         send_x = pack(x_loc)
 
-        from jax_mok import autodiff
-
         if peer_workspace is not None:  # one fused call when not differentiated (jax_mok.peer)
             y = peer.experts_over_peers(
                 send_x, send_ids, send_w, jnp.where(sent, row, -1), source_token,
                 w_gate_up.astype(dtype), w_down.astype(dtype), peer_workspace, implementation,
                 config.save_activations)
         else:
-            recv_x = jax.lax.all_to_all(send_x, axis, 0, 0, tiled=True)  # [EP, R, H]
-            recv_ids = jax.lax.all_to_all(send_ids, axis, 0, 0, tiled=True)  # [EP, R, k]
-            recv_w = jax.lax.all_to_all(send_w, axis, 0, 0, tiled=True)  # [EP, R, k]
-            out = autodiff.routed_experts(
-                recv_x.reshape(ep * rows, H),
-                recv_ids.reshape(ep * rows, -1),
-                recv_w.reshape(ep * rows, -1),
-                w_gate_up.astype(dtype),
-                w_down.astype(dtype),
-                implementation=implementation,
-                save_activations=config.save_activations,
-            )  # [EP * R, H]
-            back = jax.lax.all_to_all(out.reshape(ep, rows, H), axis, 0, 0, tiled=True)
+            received = (jax.lax.all_to_all(a, axis, 0, 0, tiled=True)  # [EP, R, ...]
+                        for a in (send_x, send_ids, send_w))
+            out = _experts_on_rows(*received, w_gate_up.astype(dtype), w_down.astype(dtype),
+                                   implementation, config.save_activations)
+            back = jax.lax.all_to_all(out, axis, 0, 0, tiled=True)
             y = _home_sum(back, row, sent, token_of_row, padding)  # fixed order, float32
         if config.shared_size:
             y = y + api._swiglu_mlp(x_loc, shared_gate_up, shared_down)

@@ -263,12 +263,6 @@ TMA_SWITCHES = [
     # the forward's SwiGLU outputs (a, and h when saved) through shared memory (default off);
     # F = 200: the second gate/up tile has one valid 8-column chunk in its second pass
     "JAX_MOK_CUDA_STAGED_GLU",
-    # the backward's dh and w·a (dy·Wd^T + SwiGLU backward) through shared memory, the partial
-    # d_w sums in the same order (default off)
-    "JAX_MOK_CUDA_STAGED_BWD",
-    # routed-BN GEMMs in 2-CTA clusters sharing the weight boxes by multicast (default off);
-    # "one_expert" gives an odd m-tile count, so a pair's second CTA gets an empty tile
-    "JAX_MOK_CUDA_PAIR",
 ]
 
 

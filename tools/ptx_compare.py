@@ -66,11 +66,16 @@ def _rename_registers(body: str) -> str:
 
 
 def old_name(name: str, old: set) -> str:
-    """A new kernel's name with its last bool template argument (a new one, false by default)
-    removed, when the old tree has a kernel of that name."""
+    """The old tree's name for a new kernel whose template lost or gained a last bool argument
+    that is false in every default kernel: the name without that trailing ``false`` (a new
+    argument), or with it (a removed one), when the old tree has a kernel of that name."""
     suffix = "ELb0" + TAIL_FULL
+    if name in old or not name.endswith(TAIL_FULL):
+        return name
     if name.endswith(suffix) and name[: -len(suffix)] + TAIL_FULL in old:
         return name[: -len(suffix)] + TAIL_FULL
+    if name[: -len(TAIL_FULL)] + suffix in old:
+        return name[: -len(TAIL_FULL)] + suffix
     return name
 
 

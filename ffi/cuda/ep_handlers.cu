@@ -47,13 +47,11 @@ bool SyncCheck() {
   return sync;
 }
 
-ffi::Error Prepare(int32_t device, int64_t id, symmetric::View* view, int* sms) {
-  int current = -1;
-  MOK_CUDA_RETURN(cudaGetDevice(&current));
-  if (current != device) MOK_CUDA_RETURN(cudaSetDevice(device));
+// The device (current from here on, its SM count cached by GetDevice) and the workspace view.
+ffi::Error Prepare(int32_t device, int64_t id, symmetric::View* view, DeviceInfo* dev) {
+  MOK_RETURN_IF_ERROR(GetDevice(device, dev));
   const std::string why = symmetric::Lookup(id, device, view);
   if (!why.empty()) return ffi::Error::Internal(Msg("jax_mok peer transport: ", why));
-  MOK_CUDA_RETURN(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device));
   return ffi::Error::Success();
 }
 
@@ -167,9 +165,8 @@ bool CopyEngine() {
 
 // JAX_MOK_PEER_COPY=ce: the epoch a launch will run, counted on the host (every exchange launch
 // on the workspace counts while copy-engine pushes are on), checked by the kernel.
-void CountEpoch(const symmetric::View& v, int64_t id, int32_t device, Exchange* p) {
+void CountEpoch(int64_t id, int32_t device, Exchange* p) {
   if (CopyEngine()) p->expected_epoch = symmetric::NextExchange(id, device);
-  (void)v;
 }
 
 // The copy-engine push of exchange `p` (every field, every destination including my own slot,
@@ -242,8 +239,9 @@ ffi::Error Dispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::
                     ffi::Result<ffi::AnyBuffer> rids, ffi::Result<ffi::AnyBuffer> rw,
                     int64_t workspace_id, int32_t phase) {
   symmetric::View v;
-  int sms = 0;
-  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &sms));
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &dev));
+  const int sms = dev.sms;
   if (!SyncCheck()) MOK_RETURN_IF_ERROR(Check(v, workspace_id, device, stream, false));
   Exchange p;
   const ffi::AnyBuffer* in[3] = {&x, &ids, &w};
@@ -267,7 +265,7 @@ ffi::Error Dispatch(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::
                  " B over EP=", v.ep_size, " ranks); the WorkspaceSpec does not match this call");
   StagedAreas(v, &p);
   Common(v, phase, &p);
-  CountEpoch(v, workspace_id, device, &p);
+  CountEpoch(workspace_id, device, &p);
   int grid = Grid(offset, sms);
   if (p.expected_epoch != 0) {  // copy engines: the host knows this epoch's half
     const int half = static_cast<int>(p.expected_epoch & 1ull);
@@ -287,8 +285,9 @@ ffi::Error Combine(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
                    ffi::AnyBuffer home_row, ffi::Result<ffi::AnyBuffer> y, int64_t workspace_id,
                    int32_t phase) {
   symmetric::View v;
-  int sms = 0;
-  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &sms));
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &dev));
+  const int sms = dev.sms;
   if (!SyncCheck()) MOK_RETURN_IF_ERROR(Check(v, workspace_id, device, stream, false));
   auto rd = rows.dimensions();
   MOK_CUDA_CHECK(rd.size() == 3 && rd[0] == v.ep_size, "rows must be [EP=", v.ep_size,
@@ -310,7 +309,7 @@ ffi::Error Combine(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
   StagedAreas(v, &p);
   Common(v, phase, &p);
   SetReduction(home_row, *y, H, &p);
-  CountEpoch(v, workspace_id, device, &p);
+  CountEpoch(workspace_id, device, &p);
   if (p.expected_epoch != 0)
     MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, p.area[p.expected_epoch & 1ull], false, &p, stream));
   MOK_RETURN_IF_ERROR(Launch(p, kReduce, rows.element_type(), ReduceGrid(p, sms), stream));
@@ -326,8 +325,9 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
                         ffi::AnyBuffer home_row, ffi::AnyBuffer wgu, ffi::AnyBuffer wd,
                         ffi::Result<ffi::AnyBuffer> y, int64_t workspace_id) {
   symmetric::View v;
-  int sms = 0;
-  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &sms));
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &dev));
+  const int sms = dev.sms;
   if (!SyncCheck()) MOK_RETURN_IF_ERROR(Check(v, workspace_id, device, stream, false));
   const int ep = v.ep_size;
   auto xd = x.dimensions();
@@ -357,8 +357,6 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   MOK_CUDA_CHECK(pr.dtype == ffi::DataType::BF16 || pr.dtype == ffi::DataType::F32,
                  "x must be bfloat16 or float32, got ", DtypeName(pr.dtype));
   MOK_RETURN_IF_ERROR(CheckCommon(pr));
-  DeviceInfo dev;
-  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
 
   // Area 2: [x | ids | weights], each [EP, chunk] without padding between sources.
   const int64_t x_chunk = x.size_bytes() / ep, meta_chunk = R * k * 4;
@@ -379,7 +377,7 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   d.area[0] = d.area[1] = AreaOffset(v, 2);
   Common(v, kDispatch, &d);
   int grid = Grid(offset / ep, sms);
-  CountEpoch(v, workspace_id, device, &d);
+  CountEpoch(workspace_id, device, &d);
   if (CopyEngine()) {
     MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 2), true, &d, stream));
     grid = 1;  // the kernel only signals and waits
@@ -406,7 +404,7 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   c.area[0] = c.area[1] = AreaOffset(v, 3);
   Common(v, kCombine, &c);
   SetReduction(home_row, *y, H, &c);
-  CountEpoch(v, workspace_id, device, &c);
+  CountEpoch(workspace_id, device, &c);
   if (CopyEngine()) MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 3), false, &c, stream));
   MOK_RETURN_IF_ERROR(Launch(c, kReduce, pr.dtype, ReduceGrid(c, sms), stream));
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
@@ -539,10 +537,9 @@ ffi::Error HomeSum(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
   MOK_CUDA_CHECK(
       yd.size() == 2 && yd[0] == hd[0] && yd[1] == H && y->element_type() == ffi::DataType::F32,
       "y must be float32 [T=", hd[0], ", H=", H, "]");
-  int current = -1, sms = 0;
-  MOK_CUDA_RETURN(cudaGetDevice(&current));
-  if (current != device) MOK_CUDA_RETURN(cudaSetDevice(device));
-  MOK_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
+  const int sms = dev.sms;
   const int64_t tokens = hd[0];
   if (tokens == 0) return ffi::Error::Success();
   const int grid = Grid(tokens * H * 4, sms);

@@ -10,7 +10,6 @@
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
 #pragma once
 
-#include <cstdlib>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -103,9 +102,9 @@ __device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_
 // B boxes of one stage (one thread): 4 boxes of 64(n)×64(k) (N-major B) or one of 64(k)×256(n)
 // (K-major B). Out-of-range boxes are zero-filled and still count their full size; gate columns
 // past F read up columns, which the epilogue masks.
-template <Mode kMode, int BN, bool kPair = false>
+template <Mode kMode, int BN>
 __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkTile& w, int k0,
-                                                uint32_t stage_b, uint64_t* bar, int rank = 0) {
+                                                uint32_t stage_b, uint64_t* bar) {
   if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
     for (int j = 0; j < BN / 64; ++j) {
@@ -113,62 +112,32 @@ __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkT
       const int n = p.glu ? (64 * j < half ? w.n_tile * half + 64 * j
                                            : p.glu_offset + w.n_tile * half + 64 * j - half)
                           : w.n_tile * BN + 64 * j;
-      if constexpr (kPair) {  // this CTA loads its half of the boxes into both CTAs of the pair
-        if (j / (BN / 128) == rank)
-          tma_load_3d_multicast(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert, 0x3);
-      } else {
-        tma_load_3d(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert);
-      }
+      tma_load_3d(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert);
     }
   } else {
     tma_load_3d(stage_b, &p.tmap_b, bar, k0, w.n_tile * BN, w.expert);
   }
 }
 
-// The tiles of this CTA: every gridDim-th single tile, or (kPair) every (gridDim/2)-th pair
-// tile of this CTA's cluster, at its rank's m-tile.
-template <Mode kMode, bool kPair>
-struct TileWalk {
-  int first, stride, total, rank;
-  const int *s_pair, *s_prefix, *s_offset;
-  __device__ __forceinline__ TileWalk(const GemmParams& p, const int* pair_prefix,
-                                      const int* prefix, const int* offset)
-      : s_pair(pair_prefix), s_prefix(prefix), s_offset(offset) {
-    if constexpr (kPair) {
-      rank = static_cast<int>(cluster_rank());
-      first = blockIdx.x >> 1, stride = gridDim.x >> 1, total = pair_prefix[p.experts] * p.n_tiles;
-    } else {
-      rank = 0, first = blockIdx.x, stride = gridDim.x, total = total_tiles<kMode>(p, prefix);
-    }
-  }
-  __device__ __forceinline__ WorkTile operator()(const GemmParams& p, int tile) const {
-    if constexpr (kPair)
-      return decode_pair_tile(p, tile, rank, s_pair, s_offset);
-    else
-      return decode_tile<kMode>(p, tile, s_prefix, s_offset);
-  }
-};
-
-template <Mode kMode, bool kTma, bool kTmaA, bool kPair = false>
+template <Mode kMode, bool kTma, bool kTmaA>
 __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
                              int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa,
-                             uint32_t sb, int t, const int* s_pair = nullptr) {
-  static_assert(!kPair || (kMode == Mode::kRoutedBN && kTma), "pairs: routed-BN, TMA weights");
+                             uint32_t sb, int t) {
   using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
   using LA = typename Cfg::SmemLayoutA;
   using LB = typename Cfg::SmemLayoutB;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
   const bf16* b = static_cast<const bf16*>(p.b);
+  const int total = total_tiles<kMode>(p, s_prefix);
   int stage = 0, phase = 0;
   if constexpr (kTmaA) {
     // A is not gathered: both operands by TMA, one thread drives the ring. Rows past the
     // expert's count belong to the next expert (or past the allocation: zero-filled); their
     // accumulator rows are never stored.
     if (t != 0) return;
-    const TileWalk<kMode, kPair> walk(p, s_pair, s_prefix, s_offset);
-    for (int tile = walk.first; tile < walk.total; tile += walk.stride) {
-      const WorkTile w = walk(p, tile);
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
         mbar_wait(&empty[stage], phase ^ 1);
         const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
@@ -185,16 +154,15 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
             tma_load_2d(stage_b + j * 8192, &p.tmap_b, &full[stage], w.n_tile * BN + 64 * j, pos);
         } else {
           tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
-          tma_weight_tile<kMode, BN, kPair>(p, w, k0, stage_b, &full[stage], walk.rank);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
         }
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
     return;
   }
-  const TileWalk<kMode, kPair> walk(p, s_pair, s_prefix, s_offset);
-  for (int tile = walk.first; tile < walk.total; tile += walk.stride) {
-    const WorkTile w = walk(p, tile);
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
     if constexpr (kMode != Mode::kRoutedK) {
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
@@ -220,7 +188,7 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
         if constexpr (kTma) {
           if (t == 0) {
             mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesB);
-            tma_weight_tile<kMode, BN, kPair>(p, w, k0, stage_b, &full[stage], walk.rank);
+            tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
           }
         } else if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
@@ -398,69 +366,7 @@ __device__ __forceinline__ void store_glu_staged(const GemmParams& p, const Work
   }
 }
 
-// kSwiGLUBwd through shared memory (JAX_MOK_CUDA_STAGED_BWD=1; experimental, default off): for
-// each 64-column pass, dh_gate, dh_up and w·a go out in three staged passes, each recomputing its
-// value from the accumulator and h exactly as run_epilogue does (the h pairs of the second and
-// third pass come from L1); the partial d_w sums are accumulated in the first pass only, in
-// run_epilogue's order, and reduced the same way. So every output is bitwise equal.
-template <int BN, class Acc>
-__device__ __forceinline__ void store_swiglu_bwd_staged(const GemmParams& p, const WorkTile& w,
-                                                        Acc&& acc, int wg, int t, char* buf) {
-  const int F = p.N, row_base = 64 * wg;
-  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
-  float dw_rows[2] = {0.f, 0.f};
-  // The pair (i, i + 1) of this thread: out[0..1] = dh_gate, dh_up or w·a (which = 0, 1, 2).
-  auto pair = [&](int i, int which) -> float2 {
-    const int r = row_base + frag_row(i, t);
-    const int f = w.n_tile * BN + frag_col(i, t);
-    if (r >= w.rows || f >= F) return make_float2(0.f, 0.f);  // never stored
-    const int64_t pos = w.row0 + r;
-    const float wt = p.topk_weights[p.sorted_slot[pos]];
-    const bf16* h = static_cast<const bf16*>(p.h) + pos * 2 * F;
-    const float2 hg = load2(h + f);
-    const float2 hu = load2(h + F + f);
-    float out[2];
-    const float gv[2] = {acc(i), acc(i + 1)};
-    const float hgv[2] = {hg.x, hg.y}, huv[2] = {hu.x, hu.y};
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const float s = sigmoidf(hgv[q]);
-      const float silu = hgv[q] * s;
-      const float a = silu * huv[q];
-      if (which == 0) dw_rows[(i >> 1) & 1] += gv[q] * a;
-      const float da = wt * gv[q];
-      out[q] = which == 0   ? da * huv[q] * s * (1.f + hgv[q] * (1.f - s))
-               : which == 1 ? da * silu
-                            : wt * a;
-    }
-    return make_float2(out[0], out[1]);
-  };
-  bf16* dh = static_cast<bf16*>(p.out);
-  bf16* aw = static_cast<bf16*>(p.out2);
-#pragma unroll
-  for (int pass = 0; pass < BN / 64; ++pass) {
-    const int col0 = w.n_tile * BN + 64 * pass;
-#pragma unroll
-    for (int which = 0; which < 3; ++which)
-      staged_pass(
-          buf, barrier, t, pass, row_base, w.rows, col0, F, [&](int i) { return pair(i, which); },
-          [&](int row, int n) {
-            const int64_t pos = w.row0 + row;
-            return which == 2 ? aw + pos * F + n : dh + pos * 2 * F + (which == 1 ? F : 0) + n;
-          });
-  }
-  // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    float s = dw_rows[rh];
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    const int r = row_base + frag_row(2 * rh, t);
-    if ((t & 3) == 0 && r < w.rows) p.dw_part[(int64_t)(w.row0 + r) * p.n_tiles + w.n_tile] = s;
-  }
-}
-
-template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA, bool kStagedOut = false, bool kPair = false>
+template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA, bool kStagedOut = false>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
@@ -475,12 +381,9 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // [128] producer only
   int* s_prefix = reinterpret_cast<int*>(s_rows + 128);           // [E+1]
   int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
-  int* s_pair = s_offset + p.experts + 1;                         // [E+1] (kPair only)
-  // [kOutStageBytes] after the offsets (and pair prefix), 128-byte aligned (kStagedOut only)
+  // [kOutStageBytes] after the offsets, 128-byte aligned (kStagedOut only)
   char* out_stage = reinterpret_cast<char*>(
-      (reinterpret_cast<uintptr_t>(kPair ? s_pair + p.experts + 1 : s_offset + p.experts + 1) +
-       127) &
-      ~uintptr_t{127});
+      (reinterpret_cast<uintptr_t>(s_offset + p.experts + 1) + 127) & ~uintptr_t{127});
 
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
     s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
@@ -490,25 +393,10 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     for (int s = 0; s < kStages; ++s) {
       // every producer thread arrives once its copies land (+1: the TMA expect_tx arrival)
       mbar_init(&full[s], kTmaA ? 1 : (kTma ? 129 : 128));
-      // one thread per consumer warpgroup (kPair: of both CTAs: the weight boxes of a stage are
-      // multicast into both, so neither refills it before both have read it)
-      mbar_init(&empty[s], kPair ? 4 : 2);
+      mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
     }
-    if constexpr (kPair) fence_mbarrier_init_cluster();
   }
   __syncthreads();
-  if constexpr (kPair) {
-    if (threadIdx.x == 0) {  // exclusive prefix of ceil(m_tiles / 2) per expert
-      int acc = 0;
-      for (int e = 0; e < p.experts; ++e) {
-        s_pair[e] = acc;
-        acc += (s_prefix[e + 1] - s_prefix[e] + 1) >> 1;
-      }
-      s_pair[p.experts] = acc;
-    }
-    __syncthreads();
-    cluster_sync();  // the peer's barriers are initialized before any multicast or remote arrive
-  }
 
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
@@ -517,8 +405,8 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
       if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
     }
-    run_producer<kMode, kTma, kTmaA, kPair>(p, s_prefix, s_offset, s_rows, full, empty,
-                                            smem_u32(ring_a), smem_u32(ring_b), t, s_pair);
+    run_producer<kMode, kTma, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                                     smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
@@ -529,15 +417,10 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
     Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
-    const TileWalk<kMode, kPair> walk(p, s_pair, s_prefix, s_offset);
-    // kPair: a released stage is released in the peer CTA's empty barrier as well
-    auto release = [&](int s) {
-      mbar_arrive(&empty[s]);
-      if constexpr (kPair) mbar_arrive_cluster(&empty[s], walk.rank ^ 1);
-    };
+    const int total = total_tiles<kMode>(p, s_prefix);
     int stage = 0, phase = 0;
-    for (int tile = walk.first; tile < walk.total; tile += walk.stride) {
-      const WorkTile w = walk(p, tile);
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       clear(acc);
       int prev = -1;
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
@@ -555,17 +438,13 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
         warpgroup_commit_batch();
         warpgroup_wait<1>();  // the previous stage's wgmma is done: hand its buffers back
         warpgroup_fence_operand(acc);
-        if (prev >= 0 && t == 0) release(prev);
+        if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
         prev = stage;
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
       warpgroup_wait<0>();
-      if (prev >= 0 && t == 0) release(prev);
-      if constexpr (kStagedOut && kEpi == Epi::kSwiGLUBwd) {
-        store_swiglu_bwd_staged<BN>(
-            p, w, [&](int i) { return acc(i); }, wg - 1, t,
-            out_stage + (wg - 1) * (kOutStageBytes / 2));
-      } else if constexpr (kStagedOut && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)) {
+      if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
+      if constexpr (kStagedOut && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)) {
         store_glu_staged<kEpi, BN>(
             p, w, [&](int i) { return acc(i); }, wg - 1, t,
             out_stage + (wg - 1) * (kOutStageBytes / 2));
@@ -578,53 +457,18 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       }
     }
   }
-  // kPair: neither CTA leaves while the other may still multicast into it or arrive on its
-  // barriers (the early-returning producer threads have exited and do not count).
-  if constexpr (kPair) cluster_sync();
 #endif
 }
 
-template <Mode kMode, bool kTma, bool kTmaA, bool kStagedOut, bool kPair = false>
+template <Mode kMode, bool kTma, bool kTmaA, bool kStagedOut>
 size_t wgmma_smem_bytes(int experts) {
   return WgmmaConfig<kMode, kTma, kTmaA>::smem_bytes(experts) +
-         (kStagedOut ? 128 + kOutStageBytes : 0) + (kPair ? sizeof(int) * (experts + 1) : 0);
-}
-
-// JAX_MOK_CUDA_PAIR=1 (experimental, compile-checked only): routed-BN GEMMs with TMA weights run
-// in 2-CTA clusters, the two m-tiles of a pair sharing each weight box by multicast (half the
-// weight traffic from L2 per CTA, and the pair kept in step).
-inline bool UsePairs() {
-  const char* env = std::getenv("JAX_MOK_CUDA_PAIR");
-  return env && env[0] == '1';
+         (kStagedOut ? 128 + kOutStageBytes : 0);
 }
 
 template <Mode kMode, Epi kEpi, bool kTma = false, bool kTmaA = false, bool kStagedOut = false>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
   using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
-  if constexpr (kMode == Mode::kRoutedBN && kTma) {
-    const size_t smem = wgmma_smem_bytes<kMode, kTma, kTmaA, kStagedOut, true>(p.experts);
-    int device = 0, limit = 0;
-    if (UsePairs() && num_sms >= 2 && cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
-            cudaSuccess &&
-        smem <= static_cast<size_t>(limit)) {
-      auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA, kStagedOut, true>;
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-      if (err != cudaSuccess) return err;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(static_cast<unsigned>(num_sms / 2 * 2));
-      config.blockDim = dim3(Cfg::kThreads);
-      config.dynamicSmemBytes = smem;
-      config.stream = stream;
-      cudaLaunchAttribute cluster = {};
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      return cudaLaunchKernelEx(&config, kernel, p);
-    }
-  }
   const size_t smem = wgmma_smem_bytes<kMode, kTma, kTmaA, kStagedOut>(p.experts);
   auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA, kStagedOut>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

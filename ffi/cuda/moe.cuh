@@ -5,6 +5,7 @@
 // Scratch comes from XLA's FFI ScratchAllocator, carved into the buffers below.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -79,11 +80,17 @@ inline bool UsePregatherX(int64_t ffn, int64_t rows_per_expert) {
 inline bool UseStagedStores(size_t smem_needed) {
   const char* env = std::getenv("JAX_MOK_CUDA_STAGED_STORES");
   if (env && env[0] == '0') return false;
-  int device = 0, limit = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess)
-    return false;
+  // The opt-in limit per device, queried once (every GEMM launch asks).
+  static std::atomic<int> limits[64];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
+  int limit = limits[device].load(std::memory_order_relaxed);
+  if (limit == 0) {
+    if (cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+        cudaSuccess)
+      return false;
+    limits[device].store(limit, std::memory_order_relaxed);
+  }
   return smem_needed <= static_cast<size_t>(limit);
 }
 
@@ -97,13 +104,31 @@ inline bool UseStagedGlu(size_t smem_needed) {
   return env && env[0] == '1' && UseStagedStores(smem_needed);
 }
 
-// The backward's dy·Wdᵀ + SwiGLU-backward epilogue (dh and w·a) through shared memory too
-// (mainloop.cuh: store_swiglu_bwd_staged). Experimental: compile-checked, NOT yet run on a GPU
-// (2026-11-30); JAX_MOK_CUDA_STAGED_BWD=1 turns it on where the staging area fits. Aimed at the
-// epilogue-bound dy·Wdᵀ GEMM (S3: 11.2 ms for 3.85 TFLOP; S1 3.2 ms for 0.82).
-inline bool UseStagedBwd(size_t smem_needed) {
-  const char* env = std::getenv("JAX_MOK_CUDA_STAGED_BWD");
-  return env && env[0] == '1' && UseStagedStores(smem_needed);
+// Whether the wgmma kernel for epilogue kEpi (A by TMA or not) stores its output through the
+// shared-memory staging area: the plain row outputs (UseStagedStores; with A by TMA: the down
+// GEMM, dh·Wguᵀ, the weight gradients) and the forward's SwiGLU outputs (UseStagedGlu).
+template <Epi kEpi, bool kTmaA>
+constexpr bool kCanStage =
+    ((kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows || kEpi == Epi::kStoreCast) && kTmaA) ||
+    kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave;
+
+template <Mode kMode, Epi kEpi, bool kTmaA>
+bool StagedOut(const GemmParams& p) {
+  const size_t smem = wgmma_smem_bytes<kMode, true, kTmaA, true>(p.experts);
+  if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)
+    return UseStagedGlu(smem);
+  else
+    return UseStagedStores(smem);
+}
+
+// The wgmma kernel with TMA weights (and A by TMA when kTmaA), its output staged where StagedOut.
+template <Mode kMode, Epi kEpi, bool kTmaA>
+cudaError_t LaunchTma(const GemmParams& p, int sms, cudaStream_t stream) {
+  if constexpr (kCanStage<kEpi, kTmaA>) {
+    if (StagedOut<kMode, kEpi, kTmaA>(p))
+      return launch_wgmma_gemm<kMode, kEpi, true, kTmaA, true>(p, sms, stream);
+  }
+  return launch_wgmma_gemm<kMode, kEpi, true, kTmaA>(p, sms, stream);
 }
 
 template <class T, Mode kMode, Epi kEpi>
@@ -113,13 +138,8 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
     if constexpr (kMode == Mode::kRoutedK) {
       if (wgmma && p.a_gather == nullptr && p.b_gather == nullptr) {
         GemmParams with_maps = p;
-        if (MakeWgradTensorMaps(with_maps)) {
-          if constexpr (kEpi == Epi::kStoreCast) {
-            if (UseStagedStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
-              return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_maps, sms, stream);
-          }
-          return launch_wgmma_gemm<kMode, kEpi, true, true>(with_maps, sms, stream);
-        }
+        if (MakeWgradTensorMaps(with_maps))
+          return LaunchTma<kMode, kEpi, true>(with_maps, sms, stream);
       }
     } else {
       if (wgmma && UseTma()) {
@@ -129,31 +149,10 @@ cudaError_t LaunchGemm(const GemmParams& p, bool wgmma, int sms, cudaStream_t st
           if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows ||
                         kEpi == Epi::kSwiGLUBwd || kEpi == Epi::kSwiGLU ||
                         kEpi == Epi::kSwiGLUSave) {
-            if (UseTmaA() && MakeActivationTensorMap(with_map)) {
-              if constexpr (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows) {
-                if (UseStagedStores(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
-                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
-              }
-              if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
-                if (UseStagedGlu(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
-                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
-              }
-              if constexpr (kEpi == Epi::kSwiGLUBwd) {
-                if (UseStagedBwd(wgmma_smem_bytes<kMode, true, true, true>(p.experts)))
-                  return launch_wgmma_gemm<kMode, kEpi, true, true, true>(with_map, sms, stream);
-              }
-              return launch_wgmma_gemm<kMode, kEpi, true, true>(with_map, sms, stream);
-            }
+            if (UseTmaA() && MakeActivationTensorMap(with_map))
+              return LaunchTma<kMode, kEpi, true>(with_map, sms, stream);
           }
-          if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
-            if (UseStagedGlu(wgmma_smem_bytes<kMode, true, false, true>(p.experts)))
-              return launch_wgmma_gemm<kMode, kEpi, true, false, true>(with_map, sms, stream);
-          }
-          if constexpr (kEpi == Epi::kSwiGLUBwd) {
-            if (UseStagedBwd(wgmma_smem_bytes<kMode, true, false, true>(p.experts)))
-              return launch_wgmma_gemm<kMode, kEpi, true, false, true>(with_map, sms, stream);
-          }
-          return launch_wgmma_gemm<kMode, kEpi, true>(with_map, sms, stream);
+          return LaunchTma<kMode, kEpi, false>(with_map, sms, stream);
         }
       }
     }

@@ -160,31 +160,4 @@ __device__ __forceinline__ WorkTile decode_tile(const GemmParams& p, int tile, c
   return w;
 }
 
-// Routed-M tiles in CTA pairs (2-CTA clusters, JAX_MOK_CUDA_PAIR=1): pair q of expert e is one
-// n-tile and m-tiles 2j, 2j + 1 (ranks 0, 1), ordered (n-tile major, m-pair minor) per expert as
-// the single tiles are; `s_pair` = exclusive prefix of ceil(m_tiles_e / 2). Rank 1 of an expert
-// with an odd m-tile count gets rows = 0: it still takes part in the weight multicast.
-__device__ __forceinline__ WorkTile decode_pair_tile(const GemmParams& p, int q, int rank,
-                                                     const int* s_pair, const int* s_offset) {
-  int lo = 0, hi = p.experts;  // invariant: s_pair[lo]*n <= q < s_pair[hi]*n
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (s_pair[mid] * p.n_tiles <= q)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const int pairs = s_pair[lo + 1] - s_pair[lo];
-  const int local = q - s_pair[lo] * p.n_tiles;
-  WorkTile w;
-  w.expert = lo;
-  w.n_tile = local / pairs;
-  const int m_tile = 2 * (local - w.n_tile * pairs) + rank;
-  w.row0 = s_offset[lo] + m_tile * kTileM;
-  w.rows = max(0, min(kTileM, s_offset[lo + 1] - w.row0));
-  w.k_off = 0;
-  w.k_len = p.K;
-  return w;
-}
-
 }  // namespace mok::cuda
