@@ -426,8 +426,9 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
                          ffi::Result<ffi::AnyBuffer> d_wgu, ffi::Result<ffi::AnyBuffer> d_wd,
                          int64_t workspace_id) {
   symmetric::View v;
-  int sms = 0;
-  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &sms));
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &dev));
+  const int sms = dev.sms;
   if (!SyncCheck()) MOK_RETURN_IF_ERROR(Check(v, workspace_id, device, stream, false));
   const int ep = v.ep_size;
   Problem pr;
@@ -452,8 +453,6 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
     MOK_CUDA_CHECK(
         h.element_count() == pr.assignments() * 2 * pr.ffn && h.element_type() == pr.dtype,
         "h must be [EP*R*k, 2F] in x's dtype (or empty)");
-  DeviceInfo dev;
-  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
   const int64_t area_bytes = ep * RegionBytes(v);
   const int64_t row_chunk = dy_rows.size_bytes() / ep, dw_chunk = R * pr.top_k * 4;
 
@@ -467,7 +466,7 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
   a.area[0] = a.area[1] = AreaOffset(v, 2);
   Common(v, kReverseCombine, &a);
   int grid = Grid(row_chunk, sms);
-  CountEpoch(v, workspace_id, device, &a);
+  CountEpoch(workspace_id, device, &a);
   if (CopyEngine()) {
     MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 2), true, &a, stream));
     grid = 1;
@@ -503,7 +502,7 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
                  workspace_id, " has ", area_bytes);
   b.area[0] = b.area[1] = AreaOffset(v, 3);
   Common(v, kReverseDispatch, &b);
-  CountEpoch(v, workspace_id, device, &b);
+  CountEpoch(workspace_id, device, &b);
   if (CopyEngine()) {
     MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 3), false, &b, stream));
     for (int i = 0; i < b.num_fields; ++i) {  // my own chunk straight to the result
