@@ -184,22 +184,63 @@ def experts_over_peers(send_x: jax.Array, send_ids: jax.Array, send_w: jax.Array
                            workspace_id, implementation, save_activations)
 
 
+def fused_backward_enabled() -> bool:
+    """``JAX_MOK_PEER_FUSED_BWD=1`` (branch wip/fused-bwd, not yet run on a GPU): the backward as
+    one call, ``mok_ep_moe_bwd``; read at trace time."""
+    return os.environ.get("JAX_MOK_PEER_FUSED_BWD", "0") == "1"
+
+
+def _fused_bwd_call(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h, workspace_id):
+    outs = (jax.ShapeDtypeStruct(dy_rows.shape, dy_rows.dtype),
+            jax.ShapeDtypeStruct((*dy_rows.shape[:2], ids2d.shape[1]), jnp.float32),
+            jax.ShapeDtypeStruct(w_gate_up.shape, w_gate_up.dtype),
+            jax.ShapeDtypeStruct(w_down.shape, w_down.dtype))
+    call = jax.ffi.ffi_call("mok_ep_moe_bwd", outs, has_side_effect=True)
+    return call(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h,
+                workspace_id=np.int64(workspace_id))
+
+
 def _experts_fwd(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
                  workspace_id, implementation, save_activations):
+    if _backend is None and implementation in ("ffi", "cuda") and fused_backward_enabled():
+        # The staged forward with its residuals kept by hand, for the fused backward.
+        from jax_mok import autodiff
+
+        ep, rows, H = send_x.shape
+        recv_x, recv_ids, recv_w = dispatch(send_x, send_ids, send_w, workspace_id)
+        operands = (recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
+                    recv_w.reshape(ep * rows, -1), w_gate_up, w_down)
+        if autodiff._save_activations(implementation, save_activations):
+            out, h = autodiff._ffi_forward_train(*operands)
+        else:
+            out, h = autodiff._ffi_forward(*operands), jnp.zeros((0,), send_x.dtype)
+        y = combine(out.reshape(ep, rows, H), home_row, workspace_id, source_token)
+        return y, (operands, h, source_token)  # three entries: the fused backward
+
     def staged(x, w, gu, dn):
         return _staged_experts(x, send_ids, w, home_row, source_token, gu, dn, workspace_id,
                                implementation, save_activations)
 
     y, vjp = jax.vjp(staged, send_x, send_w, w_gate_up, w_down)
-    return y, vjp
+    return y, (vjp,)  # one entry: the staged calls' VJP
 
 
-def _experts_bwd(workspace_id, implementation, save_activations, vjp, ct_y):
-    d_x, d_w, d_gu, d_dn = vjp(ct_y)
+def _experts_bwd(workspace_id, implementation, save_activations, residuals, ct_y):
+    if len(residuals) == 3:
+        from jax_mok.sharding import _gather_rows
+
+        (x2d, ids2d, w2d, w_gate_up, w_down), h, source_token = residuals
+        T = ct_y.shape[0]
+        dy_rows = _gather_rows(ct_y.astype(x2d.dtype), jnp.minimum(source_token, T - 1),
+                               source_token >= T)  # [EP, R, H]
+        d_x, d_w, d_gu, d_dn = _fused_bwd_call(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h,
+                                               workspace_id)
+        return d_x, None, d_w, None, None, d_gu, d_dn
+    d_x, d_w, d_gu, d_dn = residuals[0](ct_y)
     return d_x, None, d_w, None, None, d_gu, d_dn
 
 
 experts_over_peers.defvjp(_experts_fwd, _experts_bwd)
 
 
-__all__ = ["combine", "dispatch", "experts_over_peers", "fused_enabled"]
+__all__ = ["combine", "dispatch", "experts_over_peers", "fused_backward_enabled", "fused_enabled"]

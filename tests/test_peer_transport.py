@@ -282,6 +282,45 @@ def test_fused_and_staged_calls_interleave():
         np.testing.assert_array_equal(_bits(infer["peer"](x)), _bits(y))
 
 
+@pytest.mark.multigpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("capacity_factor", [None, 0.75])
+def test_fused_backward_equals_staged_bitwise(monkeypatch, dtype, capacity_factor):
+    """JAX_MOK_PEER_FUSED_BWD=1 (the backward as one mok_ep_moe_bwd call): the value, aux and
+    every gradient carry the bits of the staged backward; the compiled program has the call."""
+    mesh = _gpu_mesh()
+    config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
+    params = testing.random_params(jax.random.key(6), config, dtype)
+    x = jax.random.normal(jax.random.key(7), (512, 64)).astype(dtype)
+    out = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", mode)
+        fn = _value_and_grad(x, params, mesh=mesh, transport="peer")
+        assert ("mok_ep_moe_bwd" in fn.lower(x, params).as_text()) == (mode == "1")
+        out[mode] = jax.tree_util.tree_leaves_with_path(fn(x, params))
+    for (path, a), (_, b) in zip(out["1"], out["0"], strict=True):
+        a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+        assert np.array_equal(_bits(a), _bits(b)), jax.tree_util.keystr(path)
+
+
+def test_fused_backward_lowers_to_one_call_on_cpu(monkeypatch):
+    """CPU: with JAX_MOK_PEER_FUSED_BWD=1 the training step has one dispatch and one combine
+    (forward) and one mok_ep_moe_bwd (backward) instead of the staged backward's exchanges."""
+    devices = jax.devices("cpu")
+    if len(devices) < 2:
+        pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
+    monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", "1")
+    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
+    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
+    mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
+    params = testing.random_params(jax.random.key(0), _config())
+    x = jax.random.normal(jax.random.key(1), (16, 64))
+    text = _value_and_grad(x, params, mesh=mesh, transport="peer").lower(x, params).as_text()
+    counts = [text.count(t) for t in ("mok_ep_dispatch", "mok_ep_combine", "mok_ep_moe_bwd")]
+    assert counts == [1, 1, 1], counts
+    assert "mok_moe_bwd" not in text.replace("mok_ep_moe_bwd", "")
+
+
 _COPY_ENGINE = textwrap.dedent("""
     import os, jax, jax.numpy as jnp, numpy as np
     import jax_mok

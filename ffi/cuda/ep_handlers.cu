@@ -502,6 +502,112 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
 
+// The fused backward (JAX_MOK_PEER_FUSED_BWD=1, branch wip/fused-bwd, compile-checked only):
+// the reverse combine of dy rows into area 2 (read in place), the single-GPU backward phases on
+// them, the reverse dispatch of dx rows and d_topk_weights through area 3 into XLA's results.
+// Bitwise what the staged reverse combine -> mok_moe_bwd(_saved) -> reverse dispatch computes.
+//   dy_rows [EP,R,H] (row i of chunk d: the cotangent of the token this rank sent to d as row i),
+//   x [EP*R,H], topk_ids [EP*R,k], topk_weights [EP*R,k] (the forward's received rows),
+//   w_gate_up, w_down, h [EP*R*k, 2F] (the saved pre-activations; 0 elements: recompute)
+//   -> dx [EP,R,H] (chunk s: for the rows rank s sent), d_topk_weights [EP,R,k] f32 (likewise),
+//      d_w_gate_up, d_w_down.
+ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                         ffi::AnyBuffer dy_rows, ffi::AnyBuffer x, ffi::AnyBuffer ids,
+                         ffi::AnyBuffer w, ffi::AnyBuffer wgu, ffi::AnyBuffer wd, ffi::AnyBuffer h,
+                         ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> d_w,
+                         ffi::Result<ffi::AnyBuffer> d_wgu, ffi::Result<ffi::AnyBuffer> d_wd,
+                         int64_t workspace_id) {
+  symmetric::View v;
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &dev));
+  const int sms = dev.sms;
+  if (!SyncCheck()) MOK_RETURN_IF_ERROR(Check(v, workspace_id, device, stream, false));
+  const int ep = v.ep_size;
+  Problem pr;
+  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
+  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  auto gd = dy_rows.dimensions();
+  MOK_CUDA_CHECK(gd.size() == 3 && gd[0] == ep && gd[0] * gd[1] == pr.tokens &&
+                     gd[2] == pr.hidden && dy_rows.element_type() == pr.dtype,
+                 "dy_rows must be [EP=", ep, ", R, H=", pr.hidden, "] with EP*R = ", pr.tokens,
+                 " rows in x's dtype");
+  const int64_t R = gd[1];
+  MOK_CUDA_CHECK(dx->size_bytes() == dy_rows.size_bytes() && dx->element_type() == pr.dtype,
+                 "dx must be [EP, R, H] in x's dtype");
+  MOK_CUDA_CHECK(
+      d_w->element_count() == pr.assignments() && d_w->element_type() == ffi::DataType::F32,
+      "d_topk_weights must be float32 [EP, R, k]");
+  MOK_CUDA_CHECK(
+      d_wgu->element_count() == wgu.element_count() && d_wd->element_count() == wd.element_count(),
+      "d_w_gate_up / d_w_down must match the weights");
+  const bool saved = h.element_count() > 0;
+  if (saved)
+    MOK_CUDA_CHECK(
+        h.element_count() == pr.assignments() * 2 * pr.ffn && h.element_type() == pr.dtype,
+        "h must be [EP*R*k, 2F] in x's dtype (or empty)");
+  const int64_t area_bytes = ep * RegionBytes(v);
+  const int64_t row_chunk = dy_rows.size_bytes() / ep, dw_chunk = R * pr.top_k * 4;
+
+  // Reverse combine: dy chunk d -> rank d's area 2, slot me (rows stay there).
+  Exchange a;
+  a.field[0] =
+      Field{static_cast<const char*>(dy_rows.untyped_data()), nullptr, row_chunk, 0, row_chunk};
+  a.num_fields = 1;
+  MOK_CUDA_CHECK(ep * row_chunk <= area_bytes, "the fused backward needs ", ep * row_chunk,
+                 " bytes per area but workspace ", workspace_id, " has ", area_bytes);
+  a.area[0] = a.area[1] = AreaOffset(v, 2);
+  Common(v, kReverseCombine, &a);
+  int grid = Grid(row_chunk, sms);
+  CountEpoch(workspace_id, device, &a);
+  if (CopyEngine()) {
+    MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 2), true, &a, stream));
+    grid = 1;
+  }
+  MOK_RETURN_IF_ERROR(Launch(a, kInPlace, pr.dtype, grid, stream));
+
+  // The backward phases on the received dy rows; dx rows and d_w into scratch.
+  char* dx_rows = nullptr;
+  char* dw_rows = nullptr;
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, static_cast<size_t>(ep * row_chunk), &dx_rows));
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, static_cast<size_t>(ep * dw_chunk), &dw_rows));
+  const char* dy = v.local + AreaOffset(v, 2);
+  MOK_RETURN_IF_ERROR(DispatchDtype(pr.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return Backward<T>(
+        stream, scratch, dev, pr, reinterpret_cast<const T*>(dy),
+        static_cast<const T*>(x.untyped_data()), static_cast<const int*>(ids.untyped_data()),
+        static_cast<const float*>(w.untyped_data()), static_cast<const T*>(wgu.untyped_data()),
+        static_cast<const T*>(wd.untyped_data()), reinterpret_cast<T*>(dx_rows),
+        reinterpret_cast<float*>(dw_rows), static_cast<T*>(d_wgu->untyped_data()),
+        static_cast<T*>(d_wd->untyped_data()),
+        saved ? static_cast<const T*>(h.untyped_data()) : nullptr);
+  }));
+
+  // Reverse dispatch: dx rows and d_w of chunk s -> rank s's area 3 -> XLA's results.
+  Exchange b;
+  b.field[0] = Field{dx_rows, static_cast<char*>(dx->untyped_data()), row_chunk, 0, row_chunk};
+  b.field[1] = Field{dw_rows, static_cast<char*>(d_w->untyped_data()), dw_chunk,
+                     Pad16(ep * row_chunk), dw_chunk};
+  b.num_fields = 2;
+  MOK_CUDA_CHECK(Pad16(ep * row_chunk) + ep * dw_chunk <= area_bytes, "the fused backward needs ",
+                 Pad16(ep * row_chunk) + ep * dw_chunk, " bytes in area 3, workspace ",
+                 workspace_id, " has ", area_bytes);
+  b.area[0] = b.area[1] = AreaOffset(v, 3);
+  Common(v, kReverseDispatch, &b);
+  CountEpoch(workspace_id, device, &b);
+  if (CopyEngine()) {
+    MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 3), false, &b, stream));
+    for (int i = 0; i < b.num_fields; ++i) {  // my own chunk straight to the result
+      const Field& f = b.field[i];
+      const int64_t at = static_cast<int64_t>(v.rank) * f.chunk_bytes;
+      MOK_CUDA_RETURN(cudaMemcpyAsync(f.dst + at, f.src + at, static_cast<size_t>(f.chunk_bytes),
+                                      cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+  MOK_RETURN_IF_ERROR(Launch(b, kCopyOut, pr.dtype, Grid(row_chunk + dw_chunk, sms), stream));
+  return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
+}
+
 // mok_home_sum: rows [EP, R, H] (bf16 / f32, H a multiple of one 16-byte vector), home_row
 // [T, EP] i32 -> y [T, H] f32, y[t] = sum over d ascending with home_row[t, d] >= 0 of
 // rows[d, home_row[t, d]]. No workspace, no peer: one device's reduction (sharding._sum_home_rows).
@@ -575,6 +681,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdCuda, mok::cuda::ep::FusedForward,
                                   .Arg<xla::ffi::AnyBuffer>()  // w_gate_up [E_loc, H, 2F]
                                   .Arg<xla::ffi::AnyBuffer>()  // w_down [E_loc, F, H]
                                   .Ret<xla::ffi::AnyBuffer>()  // y [T, H] f32
+                                  .Attr<int64_t>("workspace_id"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
+                                  .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]
+                                  .Arg<xla::ffi::AnyBuffer>()  // topk_weights [EP*R, k]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_gate_up
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_down
+                                  .Arg<xla::ffi::AnyBuffer>()  // h (empty: recompute)
+                                  .Ret<xla::ffi::AnyBuffer>()  // dx [EP, R, H]
+                                  .Ret<xla::ffi::AnyBuffer>()  // d_topk_weights [EP, R, k]
+                                  .Ret<xla::ffi::AnyBuffer>()  // d_w_gate_up
+                                  .Ret<xla::ffi::AnyBuffer>()  // d_w_down
                                   .Attr<int64_t>("workspace_id"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokHomeSumCuda, mok::cuda::ep::HomeSum,

@@ -29,6 +29,7 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_ep_dispatch"] = Capsule(MokEpDispatchCuda);
     d["mok_ep_combine"] = Capsule(MokEpCombineCuda);
     d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);  // the fused forward (fifth session)
+    d["mok_ep_moe_bwd"] = Capsule(MokEpMoeBwdCuda);  // wip/fused-bwd (not yet run)
     d["mok_home_sum"] = Capsule(MokHomeSumCuda);     // JAX_MOK_HOME_SUM=kernel (not yet run)
     return d;
   });
