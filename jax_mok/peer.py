@@ -167,10 +167,13 @@ def experts_over_peers(send_x: jax.Array, send_ids: jax.Array, send_w: jax.Array
     Not differentiated (inference, or the forward of a benchmark), and with the CUDA kernels
     (``implementation`` ``"ffi"`` or ``"cuda"``), this is ONE call, ``mok_ep_moe_fwd``: the rows
     land in the workspace and the expert GEMMs read them there, with no host round trip between
-    the phases and no copy of the received rows. Under differentiation the forward runs the
-    staged calls (:func:`dispatch`, the local ``mok_moe_fwd`` saving its activations,
-    :func:`combine`), whose transposes are the backward. Both give the same bits
-    (tests/test_peer_transport.py).
+    the phases and no copy of the received rows. Under differentiation the forward is one
+    ``mok_ep_moe_fwd_train`` call (the same, also handing back the received rows and the saved
+    pre-activations) and the backward one ``mok_ep_moe_bwd`` call (the reverse combine of dy,
+    the local backward, the reverse dispatch of dx and d_topk_weights). ``JAX_MOK_PEER_FUSED=0``
+    / ``JAX_MOK_PEER_FUSED_BWD=0`` (read at trace time) select the staged calls instead
+    (:func:`dispatch`, the local kernels, :func:`combine`, and their transposes). Every
+    combination gives the same bits (tests/test_peer_transport.py).
 
     Args:
       send_x, send_ids, send_w: as :func:`dispatch`.
@@ -185,9 +188,26 @@ def experts_over_peers(send_x: jax.Array, send_ids: jax.Array, send_w: jax.Array
 
 
 def fused_backward_enabled() -> bool:
-    """``JAX_MOK_PEER_FUSED_BWD=1`` (branch wip/fused-bwd, not yet run on a GPU): the backward as
+    """``JAX_MOK_PEER_FUSED_BWD`` (default on; ``0`` = the staged calls' VJP): the backward as
     one call, ``mok_ep_moe_bwd``; read at trace time."""
-    return os.environ.get("JAX_MOK_PEER_FUSED_BWD", "0") == "1"
+    return os.environ.get("JAX_MOK_PEER_FUSED_BWD", "1") != "0"
+
+
+def _fused_train_call(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id,
+                      save: bool):
+    """The fused forward of a training step: ``y`` and the received rows ``x [EP*R, H]``,
+    ``ids``, ``weights [EP*R, k]`` and, when ``save``, ``h [EP*R*k, 2F]`` (else empty)."""
+    ep, rows, H = send_x.shape
+    k = send_ids.shape[-1]
+    n = ep * rows
+    outs = (jax.ShapeDtypeStruct((home_row.shape[0], H), jnp.float32),
+            jax.ShapeDtypeStruct((n, H), send_x.dtype),
+            jax.ShapeDtypeStruct((n, k), jnp.int32),
+            jax.ShapeDtypeStruct((n, k), jnp.float32),
+            jax.ShapeDtypeStruct((n * k, w_gate_up.shape[-1]) if save else (0,), send_x.dtype))
+    call = jax.ffi.ffi_call("mok_ep_moe_fwd_train", outs, has_side_effect=True)
+    return call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                workspace_id=np.int64(workspace_id))
 
 
 def _fused_bwd_call(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h, workspace_id):
@@ -203,14 +223,19 @@ def _fused_bwd_call(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h, workspace_id
 def _experts_fwd(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
                  workspace_id, implementation, save_activations):
     if _backend is None and implementation in ("ffi", "cuda") and fused_backward_enabled():
-        # The staged forward with its residuals kept by hand, for the fused backward.
         from jax_mok import autodiff
 
+        save = autodiff._save_activations(implementation, save_activations)
+        if fused_enabled():  # one call that also hands back the fused backward's operands
+            y, x2d, ids2d, w2d, h = _fused_train_call(send_x, send_ids, send_w, home_row,
+                                                      w_gate_up, w_down, workspace_id, save)
+            return y, ((x2d, ids2d, w2d, w_gate_up, w_down), h, source_token)
+        # JAX_MOK_PEER_FUSED=0: the staged forward with its residuals kept by hand.
         ep, rows, H = send_x.shape
         recv_x, recv_ids, recv_w = dispatch(send_x, send_ids, send_w, workspace_id)
         operands = (recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
                     recv_w.reshape(ep * rows, -1), w_gate_up, w_down)
-        if autodiff._save_activations(implementation, save_activations):
+        if save:
             out, h = autodiff._ffi_forward_train(*operands)
         else:
             out, h = autodiff._ffi_forward(*operands), jnp.zeros((0,), send_x.dtype)

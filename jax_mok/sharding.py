@@ -425,10 +425,12 @@ def _sum_home_rows(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Ar
     adds into one pass, where the middle-axis reduction of a gather ran as a slow reduce fusion
     (0.67 ms of B4's 2.74-ms forward on S1 / 8192, 2 x H200).
 
-    ``JAX_MOK_HOME_SUM=kernel`` (read at trace time; experimental, not yet run on a GPU): on CUDA,
-    ``[EP, R, H]`` buffers of 16-byte rows go to the ``mok_home_sum`` kernel instead (the same
-    float32 adds in the same order, 16-byte loads; XLA's gather-add fusion took 0.42-0.48 ms
-    for S1 / 8192's ``[T, H]`` on 2 x H200)."""
+    On CUDA, ``[EP, R, H]`` buffers of 16-byte rows go to the ``mok_home_sum`` kernel instead
+    (the same float32 adds in the same order, 16-byte loads; bitwise equal on 2 x H200). XLA's
+    gather-add fusion took 0.42-0.48 ms for S1 / 8192's ``[T, H]``; with the kernel B4's forward
+    went from 2.44 to 2.02 ms (docs/perf-notes.md, 2026-11-30). ``JAX_MOK_HOME_SUM`` (read at
+    trace time): ``auto`` (default: the kernel where the CUDA extension is built), ``kernel``,
+    ``xla``."""
     if _home_sum_kernel_applies(buffer):
         home_row = jnp.where(sent, row, -1).astype(jnp.int32)
         return jax.lax.platform_dependent(
@@ -437,8 +439,14 @@ def _sum_home_rows(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Ar
 
 
 def _home_sum_kernel_applies(buffer: jax.Array) -> bool:
-    if os.environ.get("JAX_MOK_HOME_SUM", "xla") != "kernel" or buffer.ndim != 3:
+    setting = os.environ.get("JAX_MOK_HOME_SUM", "auto")
+    if setting == "xla" or buffer.ndim != 3:
         return False
+    if setting != "kernel":
+        from jax_mok import _ffi
+
+        if not _ffi.kernels_built("cuda"):
+            return False
     per_vector = {jnp.dtype(jnp.bfloat16): 8, jnp.dtype(jnp.float32): 4}.get(buffer.dtype)
     return per_vector is not None and buffer.shape[2] % per_vector == 0
 

@@ -46,12 +46,14 @@ def _value_and_grad(x, params, **kw):
 
 @pytest.mark.parametrize("data,ep", [(1, 2), (2, 2)])
 def test_peer_program_lowers_on_cpu(monkeypatch, data, ep):
-    """CPU: fake availability and a workspace id; the forward+backward HLO uses the peer targets
-    (1 dispatch + 1 combine forward; 1 reverse combine + 1 reverse dispatch backward) and no
-    all-to-all. Nothing runs: the targets exist only for platform CUDA."""
+    """CPU: fake availability and a workspace id; the staged training step's HLO
+    (JAX_MOK_PEER_FUSED_BWD=0) uses the peer targets (1 dispatch + 1 combine forward; 1 reverse
+    combine + 1 reverse dispatch backward) and no all-to-all. Nothing runs: the targets exist
+    only for platform CUDA."""
     devices = jax.devices("cpu")
     if len(devices) < data * ep:
         pytest.skip(f"needs {data * ep} CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
+    monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", "0")
     monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
     monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
     mesh = jax.sharding.Mesh(np.array(devices[:data * ep]).reshape(data, ep), ("data", "expert"))
@@ -68,7 +70,7 @@ def test_peer_program_lowers_on_cpu(monkeypatch, data, ep):
 def test_inference_lowers_to_one_fused_call_on_cpu(monkeypatch, fused):
     """CPU: without differentiation the layer is one ``mok_ep_moe_fwd`` call (dispatch, the local
     experts and combine); ``JAX_MOK_PEER_FUSED=0`` keeps the staged dispatch + mok_moe_fwd +
-    combine. Under value_and_grad the staged calls run (test above)."""
+    combine. Training steps: test_fused_training_step_lowers_to_its_calls_on_cpu."""
     devices = jax.devices("cpu")
     if len(devices) < 2:
         pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
@@ -282,42 +284,59 @@ def test_fused_and_staged_calls_interleave():
         np.testing.assert_array_equal(_bits(infer["peer"](x)), _bits(y))
 
 
+# (JAX_MOK_PEER_FUSED, JAX_MOK_PEER_FUSED_BWD) -> the custom calls a training step must contain.
+_TRAINING_MODES = {
+    ("1", "1"): ("mok_ep_moe_fwd_train", "mok_ep_moe_bwd"),  # the default: two calls
+    ("0", "1"): ("mok_ep_dispatch", "mok_moe_fwd", "mok_ep_combine", "mok_ep_moe_bwd"),
+    ("1", "0"): ("mok_ep_dispatch", "mok_moe_fwd", "mok_ep_combine"),  # the staged calls' VJP
+}
+
+
 @pytest.mark.multigpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("capacity_factor", [None, 0.75])
 def test_fused_backward_equals_staged_bitwise(monkeypatch, dtype, capacity_factor):
-    """JAX_MOK_PEER_FUSED_BWD=1 (the backward as one mok_ep_moe_bwd call): the value, aux and
-    every gradient carry the bits of the staged backward; the compiled program has the call."""
+    """The training step's value, aux and every gradient carry the same bits whether the forward
+    and backward are one call each (mok_ep_moe_fwd_train, mok_ep_moe_bwd: the default), the
+    staged forward with the fused backward, or the staged calls and their transposes; each
+    compiled program has the calls it is meant to test."""
     mesh = _gpu_mesh()
     config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
     params = testing.random_params(jax.random.key(6), config, dtype)
     x = jax.random.normal(jax.random.key(7), (512, 64)).astype(dtype)
     out = {}
-    for mode in ("1", "0"):
-        monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", mode)
+    for mode, calls in _TRAINING_MODES.items():
+        monkeypatch.setenv("JAX_MOK_PEER_FUSED", mode[0])
+        monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", mode[1])
         fn = _value_and_grad(x, params, mesh=mesh, transport="peer")
-        assert ("mok_ep_moe_bwd" in fn.lower(x, params).as_text()) == (mode == "1")
+        text = fn.lower(x, params).as_text()
+        assert all(c in text for c in calls), (mode, calls)
         out[mode] = jax.tree_util.tree_leaves_with_path(fn(x, params))
-    for (path, a), (_, b) in zip(out["1"], out["0"], strict=True):
-        a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
-        assert np.array_equal(_bits(a), _bits(b)), jax.tree_util.keystr(path)
+    for mode in (("1", "1"), ("0", "1")):
+        for (path, a), (_, b) in zip(out[mode], out["1", "0"], strict=True):
+            a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+            assert np.array_equal(_bits(a), _bits(b)), (mode, jax.tree_util.keystr(path))
 
 
-def test_fused_backward_lowers_to_one_call_on_cpu(monkeypatch):
-    """CPU: with JAX_MOK_PEER_FUSED_BWD=1 the training step has one dispatch and one combine
-    (forward) and one mok_ep_moe_bwd (backward) instead of the staged backward's exchanges."""
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_fused_training_step_lowers_to_its_calls_on_cpu(monkeypatch, fused):
+    """CPU: by default a training step is one mok_ep_moe_fwd_train and one mok_ep_moe_bwd call
+    (no staged exchange at all); with JAX_MOK_PEER_FUSED=0 the forward is the staged dispatch
+    and combine, and the backward still one mok_ep_moe_bwd."""
     devices = jax.devices("cpu")
     if len(devices) < 2:
         pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", "1")
+    monkeypatch.setenv("JAX_MOK_PEER_FUSED", fused)
+    monkeypatch.delenv("JAX_MOK_PEER_FUSED_BWD", raising=False)
     monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
     monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
     mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
     params = testing.random_params(jax.random.key(0), _config())
     x = jax.random.normal(jax.random.key(1), (16, 64))
     text = _value_and_grad(x, params, mesh=mesh, transport="peer").lower(x, params).as_text()
-    counts = [text.count(t) for t in ("mok_ep_dispatch", "mok_ep_combine", "mok_ep_moe_bwd")]
-    assert counts == [1, 1, 1], counts
+    names = ("mok_ep_moe_fwd_train", "mok_ep_dispatch", "mok_ep_combine", "mok_ep_moe_bwd")
+    counts = [text.count(t) for t in names]
+    assert counts == ([1, 0, 0, 1] if fused == "1" else [0, 1, 1, 1]), counts
     assert "mok_moe_bwd" not in text.replace("mok_ep_moe_bwd", "")
 
 

@@ -260,7 +260,7 @@ def test_home_sum_transpose_is_the_gather(dtype):
     buffer = jnp.asarray(rng.standard_normal((ep, rows, 8)), dtype)
     ct = jnp.asarray(rng.standard_normal((T, 8)), jnp.float32)
     fast = lambda b: sharding._home_sum(b, row, sent, token_of_row, padding)
-    plain = lambda b: sharding._sum_home_rows(b, row, sent)
+    plain = lambda b: sharding._home_sum_xla(b, row, sent)  # autodiff's transpose: a scatter
     np.testing.assert_array_equal(np.asarray(fast(buffer)), np.asarray(plain(buffer)))
     got = np.asarray(jax.jit(lambda c: jax.vjp(fast, buffer)[1](c)[0])(ct))
     want = np.asarray(jax.jit(lambda c: jax.vjp(plain, buffer)[1](c)[0])(ct))
@@ -280,13 +280,19 @@ def _home_sum_case(dtype, hidden, seed=11):
 
 @pytest.mark.parametrize("setting,dtype,hidden,kernel", [
     ("xla", jnp.bfloat16, 16, False), ("kernel", jnp.bfloat16, 16, True),
+    ("auto", jnp.bfloat16, 16, None),
     ("kernel", jnp.float32, 12, True), ("kernel", jnp.bfloat16, 12, False),
     ("kernel", jnp.float32, 3, False)])
 def test_home_sum_kernel_selection(monkeypatch, setting, dtype, hidden, kernel):
     """JAX_MOK_HOME_SUM=kernel: the CUDA lowering of _sum_home_rows calls mok_home_sum for
     [EP, R, H] buffers of whole 16-byte rows (not otherwise, e.g. the [EP, R, k] weights), the
-    CPU lowering never does, and the CPU value is the XLA reduction's."""
+    CPU lowering never does, and the CPU value is the XLA reduction's. ``auto`` (the default):
+    the kernel exactly when the CUDA extension is built."""
     monkeypatch.setenv("JAX_MOK_HOME_SUM", setting)
+    if kernel is None:
+        from jax_mok import _ffi
+
+        kernel = _ffi.kernels_built("cuda")
     buffer, row, sent = _home_sum_case(dtype, hidden)
     f = jax.jit(lambda b: sharding._sum_home_rows(b, row, sent))
     cuda = f.trace(buffer).lower(lowering_platforms=("cuda",)).as_text()

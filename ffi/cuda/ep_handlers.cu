@@ -151,16 +151,16 @@ ffi::Error Launch(const Exchange& p, ExchangeMode mode, ffi::DataType dtype, int
   return Stage(mode == kReduce ? "peer combine" : "peer dispatch", cudaGetLastError(), stream);
 }
 
-// JAX_MOK_PEER_COPY=ce: every exchange stores through the copy engines (cudaMemcpyAsync into
-// the peers' slots, then the kernel only signals, waits and reads) instead of SM stores.
-// Experimental (fifth session, compile-checked only): a one-direction cudaMemcpyPeerAsync ran at
-// 396 GB/s on 2 x H200 where the exchange kernel's SM stores reach ~157 GB/s per direction in
-// the layer. The staged calls' half depends on the epoch, so with this switch the host counts
-// every exchange launch (symmetric::NextExchange) and each kernel checks the count.
+// JAX_MOK_PEER_COPY (default ce): every exchange stores through the copy engines
+// (cudaMemcpyAsync into the peers' slots, then the kernel only signals, waits and reads); `sm`:
+// the exchange kernel's SM stores. On 2 x H200 (2026-11-30, S1 / 8192) the fused forward's
+// exchanges took 0.27 ms with copy engines against 0.45 ms with SM stores, and the layer 2.02
+// against 2.10 ms. The staged calls' half depends on the epoch, so with copy engines the host
+// counts every exchange launch (symmetric::NextExchange) and each kernel checks the count.
 bool CopyEngine() {
   static const bool ce = [] {
     const char* env = std::getenv("JAX_MOK_PEER_COPY");
-    return env && std::string(env) == "ce";
+    return !(env && std::string(env) == "sm");
   }();
   return ce;
 }
@@ -395,14 +395,38 @@ ffi::Error Combine(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
 }
 
+// What the differentiated fused forward keeps for the fused backward: the received rows (copied
+// out of area 2, which the next fused call overwrites) and, when saved, the pre-activations h.
+struct Residuals {
+  ffi::AnyBuffer* x;    // [EP*R, H] in x's dtype
+  ffi::AnyBuffer* ids;  // [EP*R, k] i32
+  ffi::AnyBuffer* w;    // [EP*R, k] f32
+  ffi::AnyBuffer* h;    // [EP*R*k, 2F] in x's dtype, or 0 elements: recomputed by the backward
+};
+
+ffi::Error CheckResiduals(const Problem& pr, const Residuals& r) {
+  MOK_CUDA_CHECK(r.x->element_count() == pr.tokens * pr.hidden && r.x->element_type() == pr.dtype,
+                 "the saved rows must be [EP*R=", pr.tokens, ", H=", pr.hidden, "] in x's dtype");
+  MOK_CUDA_CHECK(
+      r.ids->element_count() == pr.assignments() && r.ids->element_type() == ffi::DataType::S32 &&
+          r.w->element_count() == pr.assignments() && r.w->element_type() == ffi::DataType::F32,
+      "the saved ids / weights must be int32 / float32 [EP*R=", pr.tokens, ", k=", pr.top_k, "]");
+  MOK_CUDA_CHECK(
+      r.h->element_count() == 0 || (r.h->element_count() == pr.assignments() * 2 * pr.ffn &&
+                                    r.h->element_type() == pr.dtype),
+      "h must be [EP*R*k, 2F] in x's dtype (or empty: recompute)");
+  return ffi::Error::Success();
+}
+
 // The fused forward: dispatch into area 2 (rows stay there: x [EP*R, H], ids and weights
 // [EP*R, k], each field contiguous over the sources), the single-GPU forward on them, the
 // combine through area 3. One handler, no host round trip between the phases; the workspace's
 // epoch advances twice, as in the staged dispatch + combine.
-ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
-                        ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w,
-                        ffi::AnyBuffer home_row, ffi::AnyBuffer wgu, ffi::AnyBuffer wd,
-                        ffi::Result<ffi::AnyBuffer> y, int64_t workspace_id) {
+ffi::Error FusedForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int32_t device,
+                            const ffi::AnyBuffer& x, const ffi::AnyBuffer& ids,
+                            const ffi::AnyBuffer& w, const ffi::AnyBuffer& home_row,
+                            const ffi::AnyBuffer& wgu, const ffi::AnyBuffer& wd, ffi::AnyBuffer& y,
+                            int64_t workspace_id, const Residuals* keep) {
   symmetric::View v;
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prepare(device, workspace_id, &v, &dev));
@@ -429,13 +453,15 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
                  "w_gate_up must be [E, H=", H, ", 2F] and w_down [E, F, H=", H, "]");
   MOK_CUDA_CHECK(x.element_type() == wgu.element_type() && x.element_type() == wd.element_type(),
                  "x, w_gate_up and w_down must share one dtype");
-  MOK_RETURN_IF_ERROR(CheckCombineShapes(v, home_row, *y, H));
+  MOK_RETURN_IF_ERROR(CheckCombineShapes(v, home_row, y, H));
   Problem pr;
   pr.tokens = ep * R, pr.hidden = H, pr.ffn = dn[1], pr.experts = gu[0], pr.top_k = k;
   pr.dtype = x.element_type();
   MOK_CUDA_CHECK(pr.dtype == ffi::DataType::BF16 || pr.dtype == ffi::DataType::F32,
                  "x must be bfloat16 or float32, got ", DtypeName(pr.dtype));
   MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  if (keep) MOK_RETURN_IF_ERROR(CheckResiduals(pr, *keep));
+  void* const h = keep && keep->h->element_count() > 0 ? keep->h->untyped_data() : nullptr;
 
   // Area 2: [x | ids | weights], each [EP, chunk] without padding between sources.
   const int64_t x_chunk = x.size_bytes() / ep, meta_chunk = R * k * 4;
@@ -484,9 +510,18 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
     using T = decltype(tag);
     return Forward<T>(stream, scratch, dev, pr, reinterpret_cast<const T*>(area), rid, rw,
                       static_cast<const T*>(wgu.untyped_data()),
-                      static_cast<const T*>(wd.untyped_data()), reinterpret_cast<T*>(rows), nullptr,
-                      wait);
+                      static_cast<const T*>(wd.untyped_data()), reinterpret_cast<T*>(rows),
+                      static_cast<T*>(h), wait);
   }));
+  if (keep) {  // after the GEMMs: with the side-stream push, x is complete once they waited for it
+    const struct {
+      ffi::AnyBuffer* out;
+      int64_t at;
+    } saved[3] = {{keep->x, 0}, {keep->ids, ids_offset}, {keep->w, w_offset}};
+    for (const auto& f : saved)
+      MOK_CUDA_RETURN(cudaMemcpyAsync(f.out->untyped_data(), area + f.at, f.out->size_bytes(),
+                                      cudaMemcpyDeviceToDevice, stream));
+  }
 
   // Area 3: the rows computed for source s go home to rank s; then the fixed-order reduction.
   Exchange c;
@@ -494,12 +529,34 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
   c.num_fields = 1;
   c.area[0] = c.area[1] = AreaOffset(v, 3);
   Common(v, kCombine, &c);
-  SetReduction(home_row, *y, H, &c);
+  SetReduction(home_row, y, H, &c);
   CountEpoch(workspace_id, device, &c);
   if (CopyEngine()) MOK_RETURN_IF_ERROR(PushWithCopyEngine(v, AreaOffset(v, 3), false, &c, stream));
   MOK_RETURN_IF_ERROR(Launch(c, kReduce, pr.dtype, ReduceGrid(c, sms), stream));
   if (side) MOK_CUDA_RETURN(cudaStreamWaitEvent(stream, side->done, 0));  // join the x push
   return SyncCheck() ? Check(v, workspace_id, device, stream, true) : ffi::Error::Success();
+}
+
+ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                        ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w,
+                        ffi::AnyBuffer home_row, ffi::AnyBuffer wgu, ffi::AnyBuffer wd,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t workspace_id) {
+  return FusedForwardCall(stream, scratch, device, x, ids, w, home_row, wgu, wd, *y, workspace_id,
+                          nullptr);
+}
+
+// mok_ep_moe_fwd_train: the fused forward of a training step, which also hands back the received
+// rows and, when saved, h (the fused backward's operands).
+ffi::Error FusedForwardTrain(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                             ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w,
+                             ffi::AnyBuffer home_row, ffi::AnyBuffer wgu, ffi::AnyBuffer wd,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> x_rows,
+                             ffi::Result<ffi::AnyBuffer> ids_rows,
+                             ffi::Result<ffi::AnyBuffer> w_rows, ffi::Result<ffi::AnyBuffer> h,
+                             int64_t workspace_id) {
+  const Residuals keep{&*x_rows, &*ids_rows, &*w_rows, &*h};
+  return FusedForwardCall(stream, scratch, device, x, ids, w, home_row, wgu, wd, *y, workspace_id,
+                          &keep);
 }
 
 // The fused backward (JAX_MOK_PEER_FUSED_BWD=1, branch wip/fused-bwd, compile-checked only):
@@ -681,6 +738,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdCuda, mok::cuda::ep::FusedForward,
                                   .Arg<xla::ffi::AnyBuffer>()  // w_gate_up [E_loc, H, 2F]
                                   .Arg<xla::ffi::AnyBuffer>()  // w_down [E_loc, F, H]
                                   .Ret<xla::ffi::AnyBuffer>()  // y [T, H] f32
+                                  .Attr<int64_t>("workspace_id"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdTrainCuda, mok::cuda::ep::FusedForwardTrain,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [EP, R, H]
+                                  .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP, R, k] i32
+                                  .Arg<xla::ffi::AnyBuffer>()  // topk_weights [EP, R, k] f32
+                                  .Arg<xla::ffi::AnyBuffer>()  // home_row [T, EP] i32
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_gate_up [E_loc, H, 2F]
+                                  .Arg<xla::ffi::AnyBuffer>()  // w_down [E_loc, F, H]
+                                  .Ret<xla::ffi::AnyBuffer>()  // y [T, H] f32
+                                  .Ret<xla::ffi::AnyBuffer>()  // received x [EP*R, H]
+                                  .Ret<xla::ffi::AnyBuffer>()  // received ids [EP*R, k]
+                                  .Ret<xla::ffi::AnyBuffer>()  // received weights [EP*R, k]
+                                  .Ret<xla::ffi::AnyBuffer>()  // h [EP*R*k, 2F] or empty
                                   .Attr<int64_t>("workspace_id"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,

@@ -28,9 +28,10 @@ NB_MODULE(_mok_cuda, m) {
     // Peer transport (docs/peer-transport.md): run on 2 x H200 (2026-11-29).
     d["mok_ep_dispatch"] = Capsule(MokEpDispatchCuda);
     d["mok_ep_combine"] = Capsule(MokEpCombineCuda);
-    d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);  // the fused forward (fifth session)
-    d["mok_ep_moe_bwd"] = Capsule(MokEpMoeBwdCuda);  // wip/fused-bwd (not yet run)
-    d["mok_home_sum"] = Capsule(MokHomeSumCuda);     // JAX_MOK_HOME_SUM=kernel (not yet run)
+    d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);             // the fused forward (fifth session)
+    d["mok_ep_moe_fwd_train"] = Capsule(MokEpMoeFwdTrainCuda);  // + the received rows, h
+    d["mok_ep_moe_bwd"] = Capsule(MokEpMoeBwdCuda);             // the fused backward
+    d["mok_home_sum"] = Capsule(MokHomeSumCuda);  // JAX_MOK_HOME_SUM=kernel (not yet run)
     return d;
   });
   m.def("device_info", [] {
