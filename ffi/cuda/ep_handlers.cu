@@ -89,8 +89,8 @@ ffi::Error Check(const symmetric::View& v, int64_t id, int32_t device, cudaStrea
 }
 
 // JAX_MOK_PEER_UNROLL=4: the tuned exchange (ep_exchange.cuh: 4 vectors in flight per thread,
-// my own chunk copied under the peers' arrival; experimental, compile-checked only; 8 bytes of
-// register spill in its two float variants; default 1).
+// my own chunk copied under the peers' arrival; experimental, 2 % on S1 / 8192 in one run; 8 bytes
+// of register spill in its two float variants; default 1).
 int Unroll() {
   static const int unroll = [] {
     const char* env = std::getenv("JAX_MOK_PEER_UNROLL");
@@ -189,9 +189,10 @@ ffi::Error PushWithCopyEngine(const symmetric::View& v, int64_t area_offset, boo
   return ffi::Error::Success();
 }
 
-// JAX_MOK_PEER_OVERLAP=1 (branch wip/overlap, compile-checked only): the fused forward's x rows
-// travel on a side stream by copy engine while the main stream exchanges ids and weights, routes
-// and starts the gate/up GEMM, whose tiles wait for the rows of other ranks (row_wait.cuh).
+// JAX_MOK_PEER_OVERLAP=1 (experimental; bitwise tested on 2 x H200, no gain yet): the x rows
+// of the fused forward travel on a side stream by copy engine while the main stream exchanges
+// ids and weights, routes and starts the gate/up GEMM, whose tiles wait for the rows of other
+// ranks (row_wait.cuh).
 // Needs cuStreamWriteValue64 (the arrival flags written by the side stream without an SM);
 // without it the switch is ignored.
 bool Overlap() {
@@ -559,7 +560,7 @@ ffi::Error FusedForwardTrain(cudaStream_t stream, ffi::ScratchAllocator scratch,
                           &keep);
 }
 
-// The fused backward (JAX_MOK_PEER_FUSED_BWD=1, branch wip/fused-bwd, compile-checked only):
+// The fused backward (the default; JAX_MOK_PEER_FUSED_BWD=0: the staged calls; run on 2 x H200):
 // the reverse combine of dy rows into area 2 (read in place), the single-GPU backward phases on
 // them, the reverse dispatch of dx rows and d_topk_weights through area 3 into XLA's results.
 // Bitwise what the staged reverse combine -> mok_moe_bwd(_saved) -> reverse dispatch computes.

@@ -31,7 +31,7 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);             // the fused forward (fifth session)
     d["mok_ep_moe_fwd_train"] = Capsule(MokEpMoeFwdTrainCuda);  // + the received rows, h
     d["mok_ep_moe_bwd"] = Capsule(MokEpMoeBwdCuda);             // the fused backward
-    d["mok_home_sum"] = Capsule(MokHomeSumCuda);  // JAX_MOK_HOME_SUM=kernel (not yet run)
+    d["mok_home_sum"] = Capsule(MokHomeSumCuda);                // JAX_MOK_HOME_SUM=auto|kernel
     return d;
   });
   m.def("device_info", [] {

@@ -1,7 +1,7 @@
 // The expert GEMMs of the overlapped fused forward (JAX_MOK_PEER_OVERLAP=1, ep_handlers.cu)
 // start before the peers' x rows have landed: a tile that holds rows of another rank waits,
 // bounded, for that rank's arrival flag (Signal::arrival_x, written by the peer's copy-engine
-// stream once its rows are stored). Branch wip/overlap: compile-checked only.
+// stream once its rows are stored). Bitwise tested on 2 x H200 (2026-11-30); not faster yet.
 #pragma once
 
 #include <cstdint>
