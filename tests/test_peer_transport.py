@@ -293,15 +293,18 @@ _TRAINING_MODES = {
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("capacity_factor", [None, 0.75])
-def test_fused_backward_equals_staged_bitwise(monkeypatch, dtype, capacity_factor):
+@pytest.mark.parametrize("dtype,capacity_factor,save", [
+    (jnp.bfloat16, None, None), (jnp.bfloat16, 0.75, None), (jnp.float32, None, None),
+    (jnp.float32, 0.75, None), (jnp.bfloat16, None, False)])
+def test_fused_backward_equals_staged_bitwise(monkeypatch, dtype, capacity_factor, save):
     """The training step's value, aux and every gradient carry the same bits whether the forward
     and backward are one call each (mok_ep_moe_fwd_train, mok_ep_moe_bwd: the default), the
     staged forward with the fused backward, or the staged calls and their transposes; each
-    compiled program has the calls it is meant to test."""
+    compiled program has the calls it is meant to test. ``save=False``: the backward recomputes
+    the gate/up GEMM instead of reading the saved h (added after the 47419cf device run)."""
     mesh = _gpu_mesh()
-    config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
+    config = _config(capacity_factor=capacity_factor, num_shared_experts=1,
+                     save_activations=save)
     params = testing.random_params(jax.random.key(6), config, dtype)
     x = jax.random.normal(jax.random.key(7), (512, 64)).astype(dtype)
     out = {}
