@@ -89,8 +89,7 @@ def route(x2d: jax.Array, router: jax.Array, router_bias: jax.Array | None,
     Returns the Routing (capacity applied) and the routed ids before capacity drops [T, k],
     which the load-balancing loss counts.
     """
-    precision = {"highest": jax.lax.Precision.HIGHEST, "high": jax.lax.Precision.HIGH,
-                 "default": jax.lax.Precision.DEFAULT}[config.router_precision]
+    precision = getattr(jax.lax.Precision, config.router_precision.upper())
     logits = jnp.dot(x2d.astype(jnp.float32), router.astype(jnp.float32), precision=precision)
     if config.routing == "softmax":
         scores = jax.nn.softmax(logits, axis=-1)

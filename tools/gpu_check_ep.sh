@@ -67,7 +67,9 @@ TEST_RC=0
 if [ "$MODE" = bw ]; then
   # The exchange's bandwidth over chunk sizes, once per kernel setting (knobs are read once per
   # process). BW_SETS: ';'-separated sets of variables; BW_SIZES: tools/peer_bw.py --sizes.
-  IFS=';' read -ra bw_sets <<< "${BW_SETS:-JAX_MOK_PEER_CHECK=deferred;JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_UNROLL=4;JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_CTAS_PER_SM=4;JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_CTAS_PER_SM=1}"
+  # Copy engines (the default), then the kernel's SM stores and their knobs.
+  D=JAX_MOK_PEER_CHECK=deferred SM="JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_COPY=sm"
+  IFS=';' read -ra bw_sets <<< "${BW_SETS:-$D;$SM;$SM JAX_MOK_PEER_UNROLL=4;$SM JAX_MOK_PEER_CTAS_PER_SM=4;$SM JAX_MOK_PEER_CTAS_PER_SM=1}"
   for set in "${bw_sets[@]}"; do
     step "peer exchange bandwidth with $set"
     env $set timeout ${BW_TIMEOUT:-120} python3 tools/peer_bw.py --out "$OUT/bw.jsonl" \
@@ -77,8 +79,11 @@ if [ "$MODE" = bw ]; then
 fi
 if [ "$MODE" != bench ]; then
 step "smoke: peer.dispatch / combine == all_to_all path (each check mode, and the tuned exchange)"
+# Copy engines are the default; the exchange kernel's own stores (JAX_MOK_PEER_COPY=sm) and its
+# tuned variant (UNROLL=4, which only matters for them) are smoked too.
 for variant in "JAX_MOK_PEER_CHECK=sync" "JAX_MOK_PEER_CHECK=deferred" \
-    "JAX_MOK_PEER_CHECK=sync JAX_MOK_PEER_UNROLL=4"; do
+    "JAX_MOK_PEER_CHECK=sync JAX_MOK_PEER_COPY=sm" \
+    "JAX_MOK_PEER_CHECK=sync JAX_MOK_PEER_COPY=sm JAX_MOK_PEER_UNROLL=4"; do
   env $variant timeout ${SMOKE_TIMEOUT:-120} python3 - <<'PY' 2>&1 | tail -15
 import os, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P

@@ -7,13 +7,14 @@ in-program time of one staged dispatch exchange (``peer.dispatch``: push into th
 wait, copy out) and of ``lax.all_to_all`` on the same ``[EP, R, H]`` rows, ``[EP, R, k]`` ids
 and weights, with GB/s per direction (``tools/ep_bench.py``'s ``_exchange_ms``). The kernel's
 knobs are environment variables read once per process, so ``tools/gpu_check_ep.sh bw`` runs this
-script once per setting (``JAX_MOK_PEER_UNROLL``, ``JAX_MOK_PEER_CTAS_PER_SM``,
-``JAX_MOK_PEER_CHECK``); every record names the settings it ran with.
+script once per setting (``JAX_MOK_PEER_COPY``: copy engines, the default, or ``sm`` stores, and
+for those ``JAX_MOK_PEER_UNROLL``, ``JAX_MOK_PEER_CTAS_PER_SM``; ``JAX_MOK_PEER_CHECK``); every
+record names the settings it ran with.
 
 Why: on 2 x H200 (2026-11-30, BENCHMARKS.md) the exchange ran at 75-95 GB/s in-program for
 chunks up to 34 MB and at 50-150 GB/s above ~60 MB (S1 at 16384 tokens: 49.5 GB/s), where plain
 remote stores reach 369 GB/s in one direction (../shared/DEVICE.md). The default sizes bracket
-that step. Status: written 2026-11-30 after the device budget was spent; not run yet.
+that step. Status: written 2026-11-30; not run on a GPU yet (2026-11-30, sixth session).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// Handlers of the staged peer transport: validate against the workspace, launch the exchange
+// Handlers of the peer transport: validate against the workspace, launch the exchange
 // kernel on XLA's stream, turn the kernel's error word into an ffi::Error naming the peer.
 //   mok_ep_dispatch: x [EP,R,H], ids [EP,R,k] i32, w [EP,R,k] f32 -> the same shapes; chunk d
 //                    goes to rank d, result chunk s came from rank s (an all_to_all).
@@ -9,8 +9,12 @@
 //                    there), the single-GPU forward phases on those rows, the combine of
 //                    mok_ep_combine through area 3 -> y [T,H] f32. Bitwise what the staged
 //                    dispatch -> mok_moe_fwd -> combine sequence computes.
+//   mok_ep_moe_fwd_train: the same, also handing back the received rows and the saved h.
+//   mok_ep_moe_bwd : the fused backward (reverse combine of dy, the single-GPU backward phases,
+//                    reverse dispatch of dx and d_topk_weights).
+//   mok_home_sum   : the combine's reduction over one device's [EP,R,H] buffer (no peer).
 // Attributes: workspace_id (i64), phase (i32, names the exchange in errors).
-// Status (2026-11-29): dispatch / combine run on 2 x H200 (tools/gpu_check_ep.sh; BENCHMARKS.md).
+// Status (2026-11-30): every handler run on 2 x H200 (tools/gpu_check_ep.sh; BENCHMARKS.md).
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -88,9 +92,10 @@ ffi::Error Check(const symmetric::View& v, int64_t id, int32_t device, cudaStrea
   return ffi::Error::Internal(message);
 }
 
-// JAX_MOK_PEER_UNROLL=4: the tuned exchange (ep_exchange.cuh: 4 vectors in flight per thread,
-// my own chunk copied under the peers' arrival; experimental, 2 % on S1 / 8192 in one run; 8 bytes
-// of register spill in its two float variants; default 1).
+// JAX_MOK_PEER_UNROLL=4: the tuned exchange kernel (with copy engines, the default, it only
+// affects the copy-out reads; tune it with JAX_MOK_PEER_COPY=sm; ep_exchange.cuh: 4 vectors in
+// flight per thread, my own chunk copied under the peers' arrival; experimental, 2 % on S1 / 8192
+// in one run; 8 bytes of register spill in its two float variants; default 1).
 int Unroll() {
   static const int unroll = [] {
     const char* env = std::getenv("JAX_MOK_PEER_UNROLL");
@@ -714,6 +719,25 @@ auto EpContext() {
       .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
       .Ctx<xla::ffi::DeviceOrdinal>();
 }
+
+// The fused calls also allocate XLA scratch for the single-GPU phases.
+auto FusedContext() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<xla::ffi::ScratchAllocator>()
+      .Ctx<xla::ffi::DeviceOrdinal>();
+}
+
+// The operands of mok_ep_moe_fwd and mok_ep_moe_fwd_train.
+auto FusedForwardOperands() {
+  return FusedContext()
+      .Arg<xla::ffi::AnyBuffer>()   // x [EP, R, H]
+      .Arg<xla::ffi::AnyBuffer>()   // topk_ids [EP, R, k] i32
+      .Arg<xla::ffi::AnyBuffer>()   // topk_weights [EP, R, k] f32
+      .Arg<xla::ffi::AnyBuffer>()   // home_row [T, EP] i32
+      .Arg<xla::ffi::AnyBuffer>()   // w_gate_up [E_loc, H, 2F]
+      .Arg<xla::ffi::AnyBuffer>();  // w_down [E_loc, F, H]
+}
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpDispatchCuda, mok::cuda::ep::Dispatch,
@@ -728,30 +752,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpDispatchCuda, mok::cuda::ep::Dispatch,
                                   .Attr<int32_t>("phase"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdCuda, mok::cuda::ep::FusedForward,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [EP, R, H]
-                                  .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP, R, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()  // topk_weights [EP, R, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()  // home_row [T, EP] i32
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_gate_up [E_loc, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_down [E_loc, F, H]
+                              FusedForwardOperands()
                                   .Ret<xla::ffi::AnyBuffer>()  // y [T, H] f32
                                   .Attr<int64_t>("workspace_id"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdTrainCuda, mok::cuda::ep::FusedForwardTrain,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // x [EP, R, H]
-                                  .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP, R, k] i32
-                                  .Arg<xla::ffi::AnyBuffer>()  // topk_weights [EP, R, k] f32
-                                  .Arg<xla::ffi::AnyBuffer>()  // home_row [T, EP] i32
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_gate_up [E_loc, H, 2F]
-                                  .Arg<xla::ffi::AnyBuffer>()  // w_down [E_loc, F, H]
+                              FusedForwardOperands()
                                   .Ret<xla::ffi::AnyBuffer>()  // y [T, H] f32
                                   .Ret<xla::ffi::AnyBuffer>()  // received x [EP*R, H]
                                   .Ret<xla::ffi::AnyBuffer>()  // received ids [EP*R, k]
@@ -760,10 +766,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdTrainCuda, mok::cuda::ep::FusedForwardT
                                   .Attr<int64_t>("workspace_id"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                              FusedContext()
                                   .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
                                   .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
                                   .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]

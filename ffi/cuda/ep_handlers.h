@@ -1,6 +1,6 @@
-// FFI handlers of the peer transport (platform "CUDA"): mok_ep_dispatch, mok_ep_combine and the
-// fused forward mok_ep_moe_fwd.
-// Operands, attributes and errors: docs/peer-transport.md. Run on 2 x H200 (2026-11-29).
+// FFI handlers of the peer transport (platform "CUDA"): mok_ep_dispatch, mok_ep_combine, the
+// fused mok_ep_moe_fwd / mok_ep_moe_fwd_train / mok_ep_moe_bwd, and mok_home_sum.
+// Operands, attributes and errors: docs/peer-transport.md. Run on 2 x H200 (2026-11-30).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"

@@ -62,8 +62,9 @@ inline bool UseTmaWgrad() {
 // an H200 (2026-11-29, docs/perf-notes.md), gate/up GEMM + gather against the row gather: S3
 // (F = 14336) 13.6 → 11.9 ms, S6 (2048) 0.65 → 0.62, S2 (2048) 7.70 → 7.68, S4 (3072) 9.44 →
 // 10.04, S1 (768) 3.25 → 3.53. Default: on for F ≥ 4096, and for F ≥ 2048 with at least 512
-// rows per expert on average (S6; S4's 112 rows lost: the gather does not pay for short experts);
-// JAX_MOK_CUDA_PREGATHER_X=1 / =0 forces it. (The S6 rule: one profiled sample, branch only.)
+// rows per expert on average (S6 gate/up 0.647 → 0.554 ms plus a 0.057-ms gather, one run;
+// S4's 112 rows lost: the gather does not pay for short experts);
+// JAX_MOK_CUDA_PREGATHER_X=1 / =0 forces it.
 inline bool UsePregatherX(int64_t ffn, int64_t rows_per_expert) {
   const char* env = std::getenv("JAX_MOK_CUDA_PREGATHER_X");
   const bool want =
@@ -95,8 +96,9 @@ inline bool UseStagedStores(size_t smem_needed) {
 }
 
 // The forward's SwiGLU epilogues (activations, and h when saved) through shared memory as well
-// (mainloop.cuh: store_glu_staged). Experimental: compile-checked, NOT yet run on a GPU
-// (2026-11-30); JAX_MOK_CUDA_STAGED_GLU=1 turns it on where the staging area fits. Aimed at the
+// (mainloop.cuh: store_glu_staged). Experimental, default off: bitwise equal on an H200
+// (2026-11-30), timed only together with two other switches that lost (its own effect is
+// unknown); JAX_MOK_CUDA_STAGED_GLU=1 turns it on where the staging area fits. Aimed at the
 // gate/up GEMMs with short K (S1, S6: K = 2048), whose 4-byte pair stores of a (and of h in
 // training) resemble the down GEMM's before the staged row stores (S1: 3.64 → 1.36 ms).
 inline bool UseStagedGlu(size_t smem_needed) {

@@ -30,7 +30,7 @@ struct Signal {
   unsigned long long reserved[6];  // keeps arrival[] on its own 64-byte line
   unsigned long long arrival[kMaxRanks];
   // arrival_x[s] = the number of the last overlapped fused call whose x rows rank s finished
-  // storing here (written by s's copy-engine stream; JAX_MOK_PEER_OVERLAP=1, wip/overlap).
+  // storing here (written by s's copy-engine stream; JAX_MOK_PEER_OVERLAP=1).
   unsigned long long arrival_x[kMaxRanks];
 };
 static_assert(sizeof(Signal) <= kSignalBytes, "the signal area must fit its 4096 bytes");
