@@ -1,11 +1,16 @@
-"""jax_mok: a fused Mixture-of-Experts layer for JAX (XLA FFI kernels, custom_vjp, Flax)."""
+"""jax_mok: a fused Mixture-of-Experts layer for JAX (XLA FFI kernels, custom_vjp, Flax).
 
-from jax_mok import reference, routing, sharding
+The layers, bottom-up (docs/architecture.md): ``config``, ``params``, ``tuning`` -> ``routing``
+-> ``reference`` -> ``kernels`` -> ``ep`` -> ``api`` -> ``nnx`` / ``linen``.
+"""
+
+from jax_mok import ep, reference, routing, sharding, tuning
 from jax_mok.api import moe
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams, init_params
+from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
 
 __version__ = "0.1.0"
 
-__all__ = ["MoEConfig", "MoEParams", "__version__", "init_params", "moe", "reference", "routing",
-           "sharding"]
+__all__ = ["KernelTuning", "MoEConfig", "MoEParams", "PeerTuning", "Tuning", "__version__", "ep",
+           "init_params", "moe", "reference", "routing", "sharding", "tuning"]

@@ -1,7 +1,8 @@
 """``python -m jax_mok info | bench | check``.
 
-  info   what is built (CPU / CUDA kernels), the JAX version and devices, and which expert-
-         parallel transport ("peer" or "xla") `auto` picks over every device, with the reason
+  info   what is built (CPU / CUDA kernels), the JAX version and devices, which expert-
+         parallel transport ("peer" or "xla") `auto` picks over every device, with the reason,
+         and every setting (tuning fields, JAX_MOK_* variables) with its value and source
   bench  a jitted forward+backward of a preset on the default device: checked against the
          reference, then timed (median), printed as ms and TFLOP/s
   check  only the reference check of ``bench``
@@ -19,7 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mok
-from jax_mok import _ffi, api, autodiff, reference, testing
+from jax_mok import api, reference, testing, tuning
+from jax_mok.ep import plan, workspace
+from jax_mok.kernels import _ffi, autodiff
+from jax_mok.routing import route
 
 
 def _progress(label: str, done: int, total: int, width: int = 30) -> None:
@@ -45,19 +49,26 @@ def cmd_info(_args) -> int:
     print(f"  CUDA kernels    : {'built' if cuda else 'not built'}{detail}")
     print(f"  default implementation here: {api.default_implementation()}")
     print(f"  expert parallelism over all {len(jax.devices())} devices: {_ep_transport()}")
+    print("  settings (value, source; the registry and tuning fields: jax_mok/tuning.py):")
+    rows = tuning.settings()
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, source in rows:
+        role = tuning.REGISTRY[name].role if name in tuning.REGISTRY else "tuning"
+        print(f"    {name:{width}s}  {value}  [{source}; {role}]")
+    unknown = tuning.unknown_variables()
+    if unknown:
+        print(f"  ignored (not jax_mok settings: misspelled or removed): {', '.join(unknown)}")
     return 0
 
 
 def _ep_transport() -> str:
     """What ``transport="auto"`` picks on a 1-D expert mesh of every device, and why."""
-    from jax_mok import sharding, workspace
-
     devices = jax.devices()
     if len(devices) < 2:
         return "one device, no exchange"
     mesh = jax.sharding.Mesh(np.array(devices), ("expert",))
     ok, reason = workspace.peer_transport_available(mesh, "expert")
-    default = sharding._default_transport()
+    default = plan.default_transport()
     if ok:
         return f"transport 'peer' available ({reason}); JAX_MOK_TRANSPORT={default}"
     return f"transport 'xla' ({reason}); JAX_MOK_TRANSPORT={default}"
@@ -85,8 +96,6 @@ def _step(impl):
 
 def _check(config, params, x, cot, impl) -> bool:
     """The kernel's forward value and gradients against a float32 oracle on the same routing."""
-    from jax_mok.routing import route
-
     tol = testing.tolerance(x.dtype)
     print(f"  check vs float32 reference (rel. Frobenius error, tolerance {tol:.0e})")
     x2d = x.reshape(-1, config.hidden_size)

@@ -1,64 +1,20 @@
-"""``jax_mok.moe``: validate, route, run the routed experts, add the shared expert."""
+"""``jax_mok.moe``: validate, choose the implementation, find the expert-parallel plan, then run
+the single-device layer (:func:`jax_mok.reference.layer` with the kernels as its routed experts)
+or the expert-parallel one (:mod:`jax_mok.ep.layer`)."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import jax
 import jax.numpy as jnp
 
-from jax_mok import _ffi, autodiff
+from jax_mok import ep, reference
 from jax_mok.config import MoEConfig
-from jax_mok.params import MoEParams
-from jax_mok.routing import aux_losses, route
-
-
-def _expect_shape(name: str, value, expected: tuple) -> None:
-    if value is None:
-        raise ValueError(f"params.{name} is None but the config needs shape {expected}")
-    if tuple(value.shape) != expected:
-        raise ValueError(
-            f"params.{name} must have shape {expected} for this MoEConfig, got {tuple(value.shape)}"
-        )
-
-
-def validate(x, params) -> MoEConfig:
-    """Checks ``x`` and ``params`` against ``params.config``; raises ValueError/TypeError."""
-    if not isinstance(params, MoEParams):
-        raise TypeError(f"params must be a jax_mok.MoEParams, got {type(params).__name__}")
-    config = params.config
-    if not isinstance(config, MoEConfig):
-        raise TypeError(f"params.config must be a MoEConfig, got {type(config).__name__}")
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"x must be an array, got {type(x).__name__}")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
-    if x.ndim < 1 or x.shape[-1] != config.hidden_size:
-        raise ValueError(
-            f"x must have shape [..., hidden_size={config.hidden_size}], got {tuple(x.shape)}"
-        )
-    E, H, F, S = config.num_experts, config.hidden_size, config.ffn_size, config.shared_size
-    _expect_shape("router", params.router, (H, E))
-    _expect_shape("w_gate_up", params.w_gate_up, (E, H, 2 * F))
-    _expect_shape("w_down", params.w_down, (E, F, H))
-    if params.router_bias is not None:
-        _expect_shape("router_bias", params.router_bias, (E,))
-        if config.routing != "sigmoid":
-            raise ValueError(
-                "params.router_bias is only used by routing='sigmoid', "
-                f"but config.routing={config.routing!r}; set router_bias=None"
-            )
-    if S:
-        _expect_shape("shared_gate_up", params.shared_gate_up, (H, 2 * S))
-        _expect_shape("shared_down", params.shared_down, (S, H))
-    elif params.shared_gate_up is not None or params.shared_down is not None:
-        raise ValueError("params has shared-expert weights but config.num_shared_experts == 0")
-    for name in ("w_gate_up", "w_down"):
-        dtype = getattr(params, name).dtype
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise TypeError(f"params.{name} must be floating point, got dtype {dtype}")
-    return config
-
+from jax_mok.kernels import _ffi, autodiff
+from jax_mok.params import MoEParams, validate
+from jax_mok.tuning import Tuning, resolve
 
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 CUDA_MAX_EXPERTS = 4096
@@ -95,17 +51,9 @@ def default_implementation(dtype=None, config: MoEConfig | None = None) -> str:
     return "reference"
 
 
-def _swiglu_mlp(x2d, gate_up, down):
-    """Dense SwiGLU MLP, f32 accumulation: [T, H] -> [T, H] float32."""
-    h = jnp.dot(x2d, gate_up.astype(x2d.dtype), preferred_element_type=jnp.float32)
-    S = down.shape[0]
-    a = jax.nn.silu(h[:, :S]) * h[:, S:]
-    return jnp.dot(a.astype(x2d.dtype), down.astype(x2d.dtype), preferred_element_type=jnp.float32)
-
-
 def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         implementation: str | None = None, mesh=None, expert_axis: str = "expert",
-        token_axes=None, transport: str | None = None):
+        token_axes=None, transport: str | None = None, tuning: Tuning | None = None):
     """Mixture-of-Experts layer.
 
     Args:
@@ -120,6 +68,8 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         with a mesh (this argument, ``jax_mok.sharding.expert_parallel``, or an ambient
         ``jax.set_mesh`` mesh having ``expert_axis``) the call runs under ``shard_map`` with the
         experts sharded over ``expert_axis`` and the tokens over ``token_axes``.
+      tuning: :class:`jax_mok.Tuning` for the kernels and the peer transport (None: the
+        defaults and ``JAX_MOK_TUNING``; jax_mok/tuning.py). Never changes what is computed.
 
     Returns:
       ``y`` with the shape and dtype of ``x`` (and ``aux`` when ``return_aux``). Expert weights are
@@ -139,29 +89,15 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         if reason is not None:
             raise ValueError(f"implementation={implementation!r}: {reason}; "
                              "use implementation='reference' or None")
-    from jax_mok import sharding  # imported here: sharding uses this module's helpers
-
-    plan = sharding.plan_for(params, mesh=mesh, expert_axis=expert_axis, token_axes=token_axes,
-                             transport=transport)
+    tuning = resolve(tuning)
+    plan = ep.plan_for(params, mesh=mesh, expert_axis=expert_axis, token_axes=token_axes,
+                       transport=transport)
     if plan is not None:
-        return sharding.moe_expert_parallel(x, params, plan, return_aux=return_aux,
-                                            implementation=implementation)
-    lead = x.shape[:-1]
-    x2d = x.reshape(-1, config.hidden_size)
-    routing, routed_ids = route(x2d, params.router, params.router_bias, config)
-    y = autodiff.routed_experts(
-        x2d,
-        routing.topk_ids,
-        routing.topk_weights,
-        params.w_gate_up.astype(x.dtype),
-        params.w_down.astype(x.dtype),
-        implementation=implementation,
-        save_activations=config.save_activations,
-    )
-    if config.shared_size:
-        shared = _swiglu_mlp(x2d, params.shared_gate_up, params.shared_down)
-        y = (y.astype(jnp.float32) + shared).astype(x.dtype)
-    y = y.reshape(*lead, config.hidden_size)
-    if return_aux:
-        return y, aux_losses(routing, routed_ids, config)
-    return y
+        return ep.moe_expert_parallel(x, params, plan, return_aux=return_aux,
+                                      implementation=implementation, tuning=tuning)
+    experts = functools.partial(autodiff.routed_experts, implementation=implementation,
+                                save_activations=config.save_activations, tuning=tuning)
+    return reference.layer(x, params, experts, return_aux=return_aux)
+
+
+__all__ = ["default_implementation", "kernel_limits", "moe", "validate"]

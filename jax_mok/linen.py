@@ -31,6 +31,7 @@ from jax_mok.balancing import router_bias_update
 from jax_mok.config import MoEConfig
 from jax_mok.nnx import DENSE_INIT, ROUTER_INIT, expert_initializer
 from jax_mok.params import MoEParams
+from jax_mok.tuning import Tuning
 
 Dtype = Any
 BIAS_COLLECTION = "router_bias"
@@ -51,6 +52,8 @@ class MoE(nn.Module):
       moe_fn: the op, ``moe_fn(x, params, return_aux=True) -> (y, aux)``; default
         :func:`jax_mok.moe`.
       sow_aux: ``self.sow("intermediates", "aux", aux)`` on each call.
+      tuning: :class:`jax_mok.Tuning` passed to every call (``moe_fn`` then gets it as
+        ``tuning=``); None: the defaults and ``JAX_MOK_TUNING``.
     """
 
     config: MoEConfig
@@ -61,6 +64,7 @@ class MoE(nn.Module):
     mlp_axis: str | None = "mlp"
     moe_fn: Callable | None = None
     sow_aux: bool = True
+    tuning: Tuning | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, *, return_aux: bool = False):
@@ -91,8 +95,12 @@ class MoE(nn.Module):
                            config)
         if self.dtype is not None:
             x = x.astype(self.dtype)
+        if self.tuning is not None and not isinstance(self.tuning, Tuning):
+            raise TypeError(
+                f"tuning must be a jax_mok.Tuning or None, got {type(self.tuning).__name__}")
         fn = self.moe_fn if self.moe_fn is not None else api.moe
-        y, aux = fn(x, params, return_aux=True)
+        extra = {} if self.tuning is None else {"tuning": self.tuning}
+        y, aux = fn(x, params, return_aux=True, **extra)
         if self.sow_aux:
             self.sow("intermediates", "aux", aux)
         return (y, aux) if return_aux else y

@@ -30,6 +30,7 @@ from jax_mok import api
 from jax_mok.balancing import router_bias_update
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams
+from jax_mok.tuning import Tuning
 
 Dtype = Any
 
@@ -84,15 +85,21 @@ class MoE(nnx.Module):
       sow_aux: keep the aux dict of the last call in ``self.aux`` (an ``nnx.Intermediate``,
         replaced on each call; drop it with ``nnx.pop(model, nnx.Intermediate)``). Turn it off
         inside ``nnx.scan`` over layers and use ``return_aux=True`` instead.
+      tuning: :class:`jax_mok.Tuning` passed to every call (``moe_fn`` then gets it as
+        ``tuning=``); None: the defaults and ``JAX_MOK_TUNING``.
     """
 
     def __init__(self, config: MoEConfig, *, dtype: Dtype | None = None,
                  param_dtype: Dtype = jnp.float32, rngs: nnx.Rngs,
                  expert_axis: str | None = "expert", embed_axis: str | None = "embed",
                  mlp_axis: str | None = "mlp", eager_sharding: bool = False,
-                 moe_fn: Callable | None = None, sow_aux: bool = True):
+                 moe_fn: Callable | None = None, sow_aux: bool = True,
+                 tuning: Tuning | None = None):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config must be a jax_mok.MoEConfig, got {type(config).__name__}")
+        if tuning is not None and not isinstance(tuning, Tuning):
+            raise TypeError(f"tuning must be a jax_mok.Tuning or None, got {type(tuning).__name__}")
+        self.tuning = tuning
         self.config = config
         self.dtype = dtype
         self.param_dtype = param_dtype
@@ -138,7 +145,8 @@ class MoE(nnx.Module):
         if self.dtype is not None:
             x = x.astype(self.dtype)
         fn = self.moe_fn if self.moe_fn is not None else api.moe
-        y, aux = fn(x, self.to_params(), return_aux=True)
+        extra = {} if self.tuning is None else {"tuning": self.tuning}
+        y, aux = fn(x, self.to_params(), return_aux=True, **extra)
         if self.sow_aux:
             self.aux = nnx.Intermediate(aux)
         return (y, aux) if return_aux else y

@@ -1,4 +1,5 @@
-"""MoEParams: the weights of one MoE layer as a pytree, and init_params."""
+"""MoEParams: the weights of one MoE layer as a pytree, init_params, and validate (a call's x
+and params against params.config)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,50 @@ def init_params(key: jax.Array, config: MoEConfig, dtype=jnp.bfloat16) -> MoEPar
         shared_down=shared_down,
         config=config,
     )
+
+
+def _expect_shape(name: str, value, expected: tuple) -> None:
+    if value is None:
+        raise ValueError(f"params.{name} is None but the config needs shape {expected}")
+    if tuple(value.shape) != expected:
+        raise ValueError(
+            f"params.{name} must have shape {expected} for this MoEConfig, got {tuple(value.shape)}"
+        )
+
+
+def validate(x, params) -> MoEConfig:
+    """Checks ``x`` and ``params`` against ``params.config``; raises ValueError/TypeError."""
+    if not isinstance(params, MoEParams):
+        raise TypeError(f"params must be a jax_mok.MoEParams, got {type(params).__name__}")
+    config = params.config
+    if not isinstance(config, MoEConfig):
+        raise TypeError(f"params.config must be a MoEConfig, got {type(config).__name__}")
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"x must be an array, got {type(x).__name__}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != config.hidden_size:
+        raise ValueError(
+            f"x must have shape [..., hidden_size={config.hidden_size}], got {tuple(x.shape)}"
+        )
+    E, H, F, S = config.num_experts, config.hidden_size, config.ffn_size, config.shared_size
+    _expect_shape("router", params.router, (H, E))
+    _expect_shape("w_gate_up", params.w_gate_up, (E, H, 2 * F))
+    _expect_shape("w_down", params.w_down, (E, F, H))
+    if params.router_bias is not None:
+        _expect_shape("router_bias", params.router_bias, (E,))
+        if config.routing != "sigmoid":
+            raise ValueError(
+                "params.router_bias is only used by routing='sigmoid', "
+                f"but config.routing={config.routing!r}; set router_bias=None"
+            )
+    if S:
+        _expect_shape("shared_gate_up", params.shared_gate_up, (H, 2 * S))
+        _expect_shape("shared_down", params.shared_down, (S, H))
+    elif params.shared_gate_up is not None or params.shared_down is not None:
+        raise ValueError("params has shared-expert weights but config.num_shared_experts == 0")
+    for name in ("w_gate_up", "w_down"):
+        dtype = getattr(params, name).dtype
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"params.{name} must be floating point, got dtype {dtype}")
+    return config

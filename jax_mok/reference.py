@@ -2,14 +2,21 @@
 
 This is what a JAX user writes today; it is differentiable by autodiff and serves as the oracle
 for every kernel test. It also is the portable fallback where no kernel is built.
+
+:func:`layer` is the single-device layer with the routed experts as an argument: the oracle
+passes :func:`routed_experts`, :func:`jax_mok.moe` passes the kernels; routing, the shared
+expert and the aux values are this one code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
-from jax_mok.routing import DROPPED, rank_in_group
+from jax_mok.params import MoEParams, validate
+from jax_mok.routing import DROPPED, aux_losses, rank_in_group, route
 
 
 def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
@@ -73,16 +80,53 @@ def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax
     return (picked * w).sum(1).astype(x2d.dtype)
 
 
-def moe(x: jax.Array, params, *, return_aux: bool = False, implementation: str | None = None):
-    """Reference MoE layer; same signature and semantics as :func:`jax_mok.moe`."""
-    from jax_mok import api
+def swiglu_mlp(x2d: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+    """Dense SwiGLU MLP (the fused shared expert): ``x2d [T, H]``, ``gate_up [H, 2S]``,
+    ``down [S, H]`` -> ``[T, H]`` float32; operands in x's dtype, float32 accumulation."""
+    h = jnp.dot(x2d, gate_up.astype(x2d.dtype), preferred_element_type=jnp.float32)
+    S = down.shape[0]
+    a = jax.nn.silu(h[:, :S]) * h[:, S:]
+    return jnp.dot(a.astype(x2d.dtype), down.astype(x2d.dtype), preferred_element_type=jnp.float32)
 
+
+RoutedExperts = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def layer(x: jax.Array, params: MoEParams, experts: RoutedExperts, *, return_aux: bool = False):
+    """The single-device MoE layer with ``experts(x2d, topk_ids, topk_weights, w_gate_up,
+    w_down) -> y [T, H]`` (x's dtype) as its routed experts: route, the routed experts (weights
+    cast to x's dtype), the shared expert added in float32, the aux values. ``x [..., H]``,
+    already validated; returns ``y`` like ``x`` (and ``aux`` when ``return_aux``)."""
+    config = params.config
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, config.hidden_size)
+    routing, routed_ids = route(x2d, params.router, params.router_bias, config)
+    y = experts(x2d, routing.topk_ids, routing.topk_weights, params.w_gate_up.astype(x.dtype),
+                params.w_down.astype(x.dtype))
+    if config.shared_size:
+        shared = swiglu_mlp(x2d, params.shared_gate_up, params.shared_down)
+        y = (y.astype(jnp.float32) + shared).astype(x.dtype)
+    y = y.reshape(*lead, config.hidden_size)
+    if return_aux:
+        return y, aux_losses(routing, routed_ids, config)
+    return y
+
+
+def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
+        implementation: str | None = None):
+    """Reference MoE layer: the semantics of :func:`jax_mok.moe` on one device, in pure JAX.
+
+    ``x [..., H]`` float; returns ``y`` with x's shape and dtype (and the aux dict when
+    ``return_aux``). It never partitions itself over a mesh: under one, XLA's partitioner
+    places it like any JAX code.
+    """
     if implementation not in (None, "reference"):
         raise ValueError(
             "jax_mok.reference.moe: implementation must be None or 'reference', "
             f"got {implementation!r}"
         )
-    return api.moe(x, params, return_aux=return_aux, implementation="reference")
+    validate(x, params)
+    return layer(x, params, routed_experts, return_aux=return_aux)
 
 
-__all__ = ["DROPPED", "moe", "routed_experts", "routed_experts_padded"]
+__all__ = ["DROPPED", "layer", "moe", "routed_experts", "routed_experts_padded", "swiglu_mlp"]

@@ -3,27 +3,34 @@
 What is here runs on any machine: sizing (:class:`WorkspaceSpec`), the configuration fingerprint
 that ranks compare at setup, the choice of bootstrap path, and
 :func:`peer_transport_available`. :func:`workspace_for` allocates and links the buffers through
-the ``_mok_cuda`` extension; it needs CUDA GPUs (run on 2 x H200 on 2026-11-29: the
-single-process peer-access path and the two-process IPC path; fabric handles compiled only).
+the ``_mok_cuda`` extension; it needs CUDA GPUs (the single-process peer-access path and the
+two-process IPC path are tested on 2 x H200; fabric handles are compile-checked only).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import socket
 import threading
 import zlib
 
 import jax
 import numpy as np
 
+from jax_mok import tuning
+from jax_mok.ep.pack import buffer_rows
+from jax_mok.kernels import _ffi
+
 SIGNAL_BYTES = 4096  # flags, tickets, epoch (ffi/cuda/symmetric.h: kSignalBytes)
 MAX_EP = 64  # arrival flags in the signal area (ffi/cuda/symmetric.h: kMaxRanks)
 ALIGN = 16  # every field of a chunk starts on 16 bytes (vector stores)
 AREAS = 4  # staged halves 0/1 (alternating by epoch parity), fused dispatch, fused combine
-DEFAULT_LIMIT_BYTES = 8 << 30
+DEFAULT_LIMIT_BYTES = tuning.PeerTuning().workspace_limit_bytes
 PATHS = ("peer_access", "ipc", "fabric")
+# The layout constants the CUDA extension reports (workspace_constants()), by name: the sizes
+# above must be the ones the kernels use.
+EXTENSION_CONSTANTS = {"signal_bytes": SIGNAL_BYTES, "max_ranks": MAX_EP, "areas": AREAS}
 
 
 def _pad(n: int) -> int:
@@ -67,9 +74,7 @@ class WorkspaceSpec:
                  dtype) -> WorkspaceSpec:
         """The spec of a ``moe`` call: ``R`` as the XLA transport sizes its chunks (dropless:
         ``T`` per rank; capacity ``C``: ``min(T, E_loc * C)``), so no chunk can overflow."""
-        from jax_mok.sharding import _buffer_rows
-
-        rows = _buffer_rows(config, tokens_local, tokens_global, ep_size)
+        rows = buffer_rows(config, tokens_local, tokens_global, ep_size)
         return cls(ep_size, rows, config.hidden_size, config.top_k, np.dtype(dtype).name)
 
     @property
@@ -98,18 +103,16 @@ class WorkspaceSpec:
         calls' two halves, the fused forward's dispatch and combine areas)."""
         return SIGNAL_BYTES + AREAS * self.ep_size * self.chunk_bytes
 
-    def check_fits(self, limit_bytes: int | None = None) -> None:
+    def check_fits(self, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
         """Raises ValueError naming the numbers when the workspace exceeds ``limit_bytes``
-        (default ``JAX_MOK_PEER_WORKSPACE_LIMIT`` or 8 GiB)."""
-        if limit_bytes is None:
-            limit_bytes = int(os.environ.get("JAX_MOK_PEER_WORKSPACE_LIMIT", DEFAULT_LIMIT_BYTES))
+        (``PeerTuning.workspace_limit_bytes``, 8 GiB by default)."""
         if self.total_bytes > limit_bytes:
             raise ValueError(
                 f"the peer transport needs a workspace of {self.total_bytes} bytes per GPU "
                 f"(4096 + 4 areas x EP={self.ep_size} x chunk {self.chunk_bytes} B; chunk = "
                 f"R={self.rows} rows x (H={self.hidden_size} x {self.itemsize} B + 2 x "
                 f"k={self.top_k} x 4 B), dtype {self.dtype}), over the limit of {limit_bytes} "
-                "bytes (JAX_MOK_PEER_WORKSPACE_LIMIT): use fewer tokens per call, a "
+                "bytes (PeerTuning.workspace_limit_bytes): use fewer tokens per call, a "
                 "capacity_factor, or transport='xla'"
             )
 
@@ -159,7 +162,7 @@ def kv_client():
     ``key_value_set(key, value)`` and ``blocking_key_value_get(key, timeout_in_ms)``; the feature
     is probed, not assumed.
     """
-    try:
+    try:  # imported here: a private module, probed when needed (ImportError: no client)
         from jax._src import distributed
     except ImportError:
         return None
@@ -193,12 +196,46 @@ def exchange_fingerprint(fp: dict, key: str, process_index: int, process_count: 
 # ------------------------------------------------------------------ selection
 
 def _cuda():
-    from jax_mok import _ffi
-
+    """The CUDA extension with peer memory, or None; its layout constants checked once."""
     module = _ffi.cuda_module()
     if module is None or not hasattr(module, "can_access_peer"):
         return None
+    if not _CONSTANTS_CHECKED:
+        check_extension_constants(module)
+        _CONSTANTS_CHECKED.append(True)
     return module
+
+
+_CONSTANTS_CHECKED: list[bool] = []
+
+
+def check_extension_constants(module) -> None:
+    """Raises RuntimeError where the extension's ``workspace_constants()`` (where it has it)
+    disagree with this module's sizes: a workspace sized here would not be the one the kernels
+    address. Keys are matched by name without a leading ``k`` and case (``kSignalBytes`` and
+    ``signal_bytes`` are one)."""
+    report = getattr(module, "workspace_constants", None)
+    if report is None:
+        return
+    got = {_plain(k): v for k, v in dict(report()).items()}
+    known = {_plain(k): (k, v) for k, v in EXTENSION_CONSTANTS.items()}
+    shared = sorted(set(got) & set(known))
+    if not shared:
+        raise RuntimeError(
+            f"jax_mok peer transport: the CUDA extension's workspace_constants() {dict(report())} "
+            f"name none of {sorted(EXTENSION_CONSTANTS)}")
+    wrong = [f"{known[k][0]}: Python {known[k][1]}, extension {got[k]}" for k in shared
+             if int(got[k]) != known[k][1]]
+    if wrong:
+        raise RuntimeError("jax_mok peer transport: the workspace layout differs between "
+                           "jax_mok/ep/workspace.py and the CUDA extension: " + "; ".join(wrong))
+
+
+def _plain(name: str) -> str:
+    """``kSignalBytes`` / ``signal_bytes`` / ``SIGNAL_BYTES`` -> ``signalbytes``."""
+    if len(name) > 1 and name[0] == "k" and name[1].isupper():
+        name = name[1:]
+    return name.replace("_", "").lower()
 
 
 def _groups(mesh, axis: str) -> list[list]:
@@ -212,7 +249,8 @@ def bootstrap_path(mesh, axis: str, hosts: int | None = None) -> tuple[str | Non
     """Which bootstrap applies to ``mesh``'s groups along ``axis``, and why (None: none does).
 
     ``hosts``: how many distinct hosts the processes run on, when known (``workspace_for``
-    exchanges host names); ``JAX_MOK_PEER_BOOTSTRAP=ipc|fabric`` forces a multi-process path.
+    exchanges host names); ``JAX_MOK_PEER_BOOTSTRAP=ipc|fabric`` forces a multi-process path
+    (a debugging aid of the env registry, jax_mok/tuning.py).
     """
     if not isinstance(mesh, jax.sharding.Mesh):
         return None, "an AbstractMesh has no devices to bootstrap; use a concrete Mesh"
@@ -220,8 +258,8 @@ def bootstrap_path(mesh, axis: str, hosts: int | None = None) -> tuple[str | Non
     processes = {d.process_index for g in groups for d in g}
     if len(processes) == 1:
         return "peer_access", "one process drives every device of the group: peer access"
-    forced = os.environ.get("JAX_MOK_PEER_BOOTSTRAP", "")
-    if forced in ("ipc", "fabric"):
+    forced = tuning.read("JAX_MOK_PEER_BOOTSTRAP")
+    if forced is not None:
         return forced, f"JAX_MOK_PEER_BOOTSTRAP={forced}"
     if hosts == 1:
         return "ipc", (f"{len(processes)} processes on one host: CUDA IPC handles through "
@@ -240,8 +278,6 @@ def bootstrap_path(mesh, axis: str, hosts: int | None = None) -> tuple[str | Non
 
 def _host_count(client, key: str, process_index: int, process_count: int) -> int:
     """Distinct host names among the processes, through the key-value store."""
-    import socket
-
     client.key_value_set(f"{key}/{process_index}", socket.gethostname())
     names = {client.blocking_key_value_get(f"{key}/{i}", 60_000) for i in range(process_count)}
     return len(names)
@@ -290,15 +326,16 @@ _WORKSPACES: dict[tuple, int] = {}
 _GENERATION = [0]  # bumped by reset(): fresh ids and key-value keys (keys cannot be overwritten)
 
 
-def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None) -> int:
+def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None, *,
+                  limit_bytes: int = DEFAULT_LIMIT_BYTES) -> int:
     """The id of a bootstrapped workspace for ``spec`` on ``mesh``'s groups (created once).
 
-    Run on 2 x H200 (2026-11-29; the single-process path). Single process: allocate on every
-    device, enable peer access, link raw pointers. Several processes: allocate locally, export an
-    IPC (or fabric) handle, exchange it through ``jax.distributed``'s key-value store, open the
-    peers' handles.
+    Single process: allocate on every device, enable peer access, link raw pointers. Several
+    processes: allocate locally, export an IPC (or fabric) handle, exchange it through
+    ``jax.distributed``'s key-value store, open the peers' handles. ``limit_bytes``: see
+    :meth:`WorkspaceSpec.check_fits`.
     """
-    spec.check_fits()
+    spec.check_fits(limit_bytes)
     groups = _groups(mesh, axis)
     key = (tuple(int(d.id) for g in groups for d in g), axis, spec)
     with _LOCK:

@@ -1,0 +1,211 @@
+"""The ``"peer"`` transport: rows travel through a symmetric workspace in NVLink peer memory
+(docs/peer-transport.md), called per device inside the ``shard_map`` of :mod:`jax_mok.ep.layer`.
+
+With the CUDA kernels (``implementation`` ``"ffi"`` or ``"cuda"``) each direction is one call:
+``mok_ep_moe_fwd`` when not differentiated; under differentiation ``mok_ep_moe_fwd_train`` (the
+same, also handing back the received rows and the saved pre-activations) and ``mok_ep_moe_bwd``
+(the reverse combine of dy, the local backward, the reverse dispatch of dx and d_topk_weights).
+The rows land in the workspace and the expert GEMMs read them there: no host round trip between
+the phases and no copy of the received rows.
+
+Where the experts are not the CUDA kernels (``implementation="reference"``, or the CPU-emulated
+exchange of tests/test_peer_transport.py), the staged calls run instead: :func:`dispatch`, the
+experts, :func:`combine`, each exchange a ``mok_ep_dispatch`` / ``mok_ep_combine`` call with a
+``phase`` naming its place in the step, and their transposes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_mok.ep.pack import Packed, gather_rows
+from jax_mok.ep.transport import experts_on_rows
+from jax_mok.kernels import autodiff, targets
+from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
+
+DISPATCH, COMBINE, REVERSE_DISPATCH, REVERSE_COMBINE = 0, 1, 2, 3
+
+# Test seam: an object with ``exchange(x, ids, w, workspace_id, phase)`` and ``combine(rows,
+# home_row, workspace_id, phase)`` standing in for the two staged FFI calls.
+# tests/test_peer_transport.py emulates the transport on CPU devices with host callbacks to check
+# this module's glue (packing, transposes) against transport "xla". None: the FFI targets.
+_backend = None
+
+
+def _exchange(x, ids, w, workspace_id: int, phase: int, peer: PeerTuning):
+    """All-to-all over peer memory: chunk ``d`` of each operand ``[EP, ...]`` goes to rank ``d``;
+    chunk ``s`` of each result came from rank ``s``."""
+    if _backend is not None:
+        return _backend.exchange(x, ids, w, workspace_id, phase)
+    return targets.ep_dispatch(x, ids, w, workspace_id, phase, peer)
+
+
+def _combine_call(rows, home_row, workspace_id: int, phase: int, peer: PeerTuning):
+    if _backend is not None:
+        return _backend.combine(rows, home_row, workspace_id, phase)
+    return targets.ep_combine(rows, home_row, workspace_id, phase, peer)
+
+
+def dispatch(x: jax.Array, ids: jax.Array, w: jax.Array, workspace_id: int,
+             peer: PeerTuning | None = None):
+    """Sends packed rows to the ranks that own their experts.
+
+    Args:
+      x: ``[EP, R, H]`` rows for each destination rank (x's dtype).
+      ids: ``[EP, R, k]`` int32 local expert ids at the destination (-1: not for it).
+      w: ``[EP, R, k]`` float32 routing weights.
+      workspace_id: from :func:`jax_mok.ep.workspace.workspace_for` (static).
+      peer: the exchange's :class:`jax_mok.PeerTuning` (None: the defaults).
+
+    Returns:
+      ``(recv_x, recv_ids, recv_w)`` with the same shapes; chunk ``s`` came from rank ``s``.
+    """
+    return _dispatch(x, ids, w, workspace_id, peer or PeerTuning())
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _dispatch(x, ids, w, workspace_id, peer):
+    return _exchange(x, ids, w, workspace_id, DISPATCH, peer)
+
+
+def _dispatch_fwd(x, ids, w, workspace_id, peer):
+    return _exchange(x, ids, w, workspace_id, DISPATCH, peer), ids
+
+
+def _dispatch_bwd(workspace_id, peer, ids, cotangents):
+    # all_to_all is its own transpose: send the cotangents back the same way.
+    ct_x, _, ct_w = cotangents
+    back_x, _, back_w = _exchange(ct_x, jnp.zeros(ids.shape, jnp.int32),
+                                  ct_w.astype(jnp.float32), workspace_id, REVERSE_DISPATCH, peer)
+    return back_x, None, back_w
+
+
+_dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
+
+
+def combine(rows: jax.Array, home_row: jax.Array, workspace_id: int,
+            source_token: jax.Array | None = None, peer: PeerTuning | None = None) -> jax.Array:
+    """Sends each rank's expert results home and reduces them per token in rank order.
+
+    Args:
+      rows: ``[EP, R, H]``: chunk ``s`` = this rank's (already k-reduced) results for the rows
+        that rank ``s`` sent here.
+      home_row: ``[T, EP]`` int32: the row of token ``t`` in the chunk it sent to rank ``d``, or
+        -1 when it sent nothing there.
+      workspace_id: static.
+      source_token: ``[EP, R]`` int32, the token of each row this rank sent (``T`` on padding),
+        when the caller has it: the backward then gathers ``dy`` into rows instead of scattering
+        it (the same values).
+      peer: the exchange's :class:`jax_mok.PeerTuning` (None: the defaults).
+
+    Returns:
+      ``y [T, H]`` float32, ``y[t] = sum_{d = 0..EP-1, home_row[t, d] >= 0} result_d[home_row]``.
+    """
+    if source_token is None:
+        source_token = jnp.zeros((0, 0), jnp.int32)
+    return _combine(rows, home_row, source_token, workspace_id, peer or PeerTuning())
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _combine(rows, home_row, source_token, workspace_id, peer):
+    return _combine_call(rows, home_row, workspace_id, COMBINE, peer)
+
+
+def _combine_fwd(rows, home_row, source_token, workspace_id, peer):
+    # A zero-size array carries R and the dtype (residuals must be arrays).
+    like = jnp.zeros((0, rows.shape[1]), rows.dtype)
+    y = _combine_call(rows, home_row, workspace_id, COMBINE, peer)
+    return y, (home_row, source_token, like)
+
+
+def _combine_bwd(workspace_id, peer, residuals, ct_y):
+    home_row, source_token, like = residuals
+    (T, ep), R, H, dtype = home_row.shape, like.shape[1], ct_y.shape[1], like.dtype
+    # Reverse combine: dy of token t goes to row home_row[t, d] of the chunk for rank d.
+    if source_token.size:  # a gather by each row's token
+        grad = gather_rows(ct_y.astype(dtype), jnp.minimum(source_token, T - 1),
+                           source_token >= T)
+    else:  # a scatter by each token's rows
+        dests = jnp.broadcast_to(jnp.arange(ep, dtype=jnp.int32)[None, :], (T, ep))
+        rows_idx = jnp.where(home_row >= 0, home_row, R)  # R: out of range, dropped
+        grad = jnp.zeros((ep, R, H), dtype).at[dests, rows_idx].set(
+            jnp.broadcast_to(ct_y.astype(dtype)[:, None, :], (T, ep, H)), mode="drop")
+    dummy_ids = jnp.zeros((ep, 1, 1), jnp.int32)
+    dummy_w = jnp.zeros((ep, 1, 1), jnp.float32)
+    back, _, _ = _exchange(grad, dummy_ids, dummy_w, workspace_id, REVERSE_COMBINE, peer)
+    return back, None, None
+
+
+_combine.defvjp(_combine_fwd, _combine_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _fused_experts(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
+                   workspace_id: int, save: bool, kernel: KernelTuning, peer: PeerTuning):
+    """Dispatch, this rank's experts, combine as one ``mok_ep_moe_fwd`` call (two calls, one
+    each way, under differentiation): ``y [T, H]`` float32."""
+    del source_token, save  # the backward's
+    return targets.ep_moe_forward(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                                  workspace_id, kernel, peer)
+
+
+def _fused_experts_fwd(send_x, send_ids, send_w, home_row, source_token, w_gate_up, w_down,
+                       workspace_id, save, kernel, peer):
+    y, x2d, ids2d, w2d, h = targets.ep_moe_forward_train(
+        send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id, save, kernel, peer)
+    return y, (x2d, ids2d, w2d, w_gate_up, w_down, h, source_token)
+
+
+def _fused_experts_bwd(workspace_id, save, kernel, peer, residuals, ct_y):
+    x2d, ids2d, w2d, w_gate_up, w_down, h, source_token = residuals
+    T = ct_y.shape[0]
+    dy_rows = gather_rows(ct_y.astype(x2d.dtype), jnp.minimum(source_token, T - 1),
+                          source_token >= T)  # [EP, R, H]
+    d_x, d_w, d_gu, d_dn = targets.ep_moe_backward(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down,
+                                                   h, workspace_id, kernel, peer)
+    return d_x, None, d_w, None, None, d_gu, d_dn
+
+
+_fused_experts.defvjp(_fused_experts_fwd, _fused_experts_bwd)
+
+
+def uses_fused_calls(implementation: str) -> bool:
+    """Whether the peer transport runs the fused calls: with the CUDA kernels, unless the
+    exchange is emulated (``_backend``)."""
+    return _backend is None and implementation in ("ffi", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerTransport:
+    """The ``"peer"`` transport of one call (inside the layer's ``shard_map``).
+
+    Attributes:
+      workspace_id: from :func:`jax_mok.ep.workspace.workspace_for`.
+      implementation, save_activations: of the local kernels.
+      tuning: the call's resolved :class:`jax_mok.Tuning` (its ``kernel`` and ``peer`` parts).
+    """
+
+    workspace_id: int
+    implementation: str
+    save_activations: bool | None
+    tuning: Tuning
+
+    def experts(self, packed: Packed, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
+        kernel, peer = self.tuning.kernel, self.tuning.peer
+        if uses_fused_calls(self.implementation):
+            save = autodiff.resolve_save_activations(self.implementation, self.save_activations)
+            return _fused_experts(packed.x, packed.ids, packed.weights, packed.home_row,
+                                  packed.source_token, w_gate_up, w_down, self.workspace_id,
+                                  save, kernel, peer)
+        received = dispatch(packed.x, packed.ids, packed.weights, self.workspace_id, peer)
+        out = experts_on_rows(*received, w_gate_up, w_down, self.implementation,
+                              self.save_activations, self.tuning)
+        return combine(out, packed.home_row, self.workspace_id, packed.source_token, peer)
+
+
+__all__ = ["COMBINE", "DISPATCH", "REVERSE_COMBINE", "REVERSE_DISPATCH", "PeerTransport",
+           "combine", "dispatch", "uses_fused_calls"]

@@ -1,0 +1,276 @@
+"""Every ``jax.ffi.ffi_call`` of jax_mok: the targets, their operands, results and attributes.
+
+The operand and attribute contract of each target is docs/ffi-contract.md. Tuning reaches the
+kernels only here, as attributes built by :func:`attributes` (part of the lowered program, so of
+the jit cache key).
+
+Local kernels (``mok_moe_*``, registered for "cpu" and "CUDA"; the ``_train`` / ``_saved`` pair
+for "CUDA" only)::
+
+    mok_moe_fwd        (x [T, H], ids [T, k] i32, w [T, k] f32, w_gate_up [E, H, 2F],
+                        w_down [E, F, H])                      -> y [T, H]
+    mok_moe_fwd_train  (same)                                  -> y, h [T*k, 2F]
+    mok_moe_bwd        (dy [T, H], x, ids, w, w_gate_up, w_down) -> dx, dw [T, k], dWgu, dWd
+    mok_moe_bwd_saved  (dy, x, ids, w, w_gate_up, w_down, h)   -> dx, dw, dWgu, dWd
+
+Peer transport (``mok_ep_*``, "CUDA" only; ``has_side_effect``: every rank must issue the same
+sequence of peer calls, the kernels advance a device-side epoch per call, so XLA must neither
+drop nor merge them) and ``mok_home_sum``: see the functions below.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mok.tuning import GEMMS, KernelTuning, PeerTuning
+
+# Until the extensions bind the tuning attributes, a call that passes them fails with an
+# attribute error; False makes attributes() return {} so that the rest of the package can be
+# tested against such a build.
+_ATTRIBUTES_BOUND = False
+
+KERNEL_TARGETS = ("mok_moe_fwd", "mok_moe_fwd_train", "mok_moe_bwd", "mok_moe_bwd_saved")
+STAGED_PEER_TARGETS = ("mok_ep_dispatch", "mok_ep_combine")
+FUSED_PEER_TARGETS = ("mok_ep_moe_fwd", "mok_ep_moe_fwd_train", "mok_ep_moe_bwd")
+
+
+def attributes(target: str, *, kernel: KernelTuning | None = None,
+               peer: PeerTuning | None = None, ffn_size: int = 0, assignments: int = 0,
+               num_experts: int = 1) -> dict[str, np.generic]:
+    """The tuning attributes of one call of ``target``.
+
+    Kernel targets and the fused peer targets: ``pregather_x`` (int32 0 | 1, resolved here from
+    the call's shape: ``assignments`` = rows x k over ``num_experts`` experts of width
+    ``ffn_size``) and ``gemm`` (int32: the index in :data:`jax_mok.tuning.GEMMS`). Peer targets:
+    ``copy_engine``, ``sync_check`` (int32 0 | 1), ``timeout_ms`` (int64), ``ctas_per_sm``
+    (int32). ``workspace_id`` and ``phase`` are operands of the call, not tuning: the callers
+    add them.
+    """
+    kernel_side = target in KERNEL_TARGETS or target in FUSED_PEER_TARGETS
+    peer_side = target in STAGED_PEER_TARGETS or target in FUSED_PEER_TARGETS
+    if not (kernel_side or peer_side):
+        raise ValueError(f"attributes: {target!r} takes no tuning attributes")
+    if (kernel_side and kernel is None) or (peer_side and peer is None):
+        raise ValueError(f"attributes: {target!r} needs "
+                         f"{'KernelTuning ' if kernel_side else ''}"
+                         f"{'PeerTuning' if peer_side else ''}")
+    if not _ATTRIBUTES_BOUND:
+        return {}
+    attrs: dict[str, np.generic] = {}
+    if kernel_side:
+        attrs["pregather_x"] = np.int32(kernel.pregather_for(ffn_size, assignments, num_experts))
+        attrs["gemm"] = np.int32(GEMMS.index(kernel.gemm))
+    if peer_side:
+        attrs["copy_engine"] = np.int32(peer.copy == "ce")
+        attrs["sync_check"] = np.int32(peer.check == "sync")
+        attrs["timeout_ms"] = np.int64(peer.timeout_ms)
+        attrs["ctas_per_sm"] = np.int32(peer.ctas_per_sm)
+    return attrs
+
+
+def _local_attributes(target: str, kernel: KernelTuning, x2d, topk_ids, w_gate_up) -> dict:
+    return attributes(target, kernel=kernel, ffn_size=w_gate_up.shape[-1] // 2,
+                      assignments=x2d.shape[0] * topk_ids.shape[1],
+                      num_experts=w_gate_up.shape[0])
+
+
+def _like(a) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+
+def _backward_outs(x2d, topk_weights, w_gate_up, w_down):
+    return tuple(_like(a) for a in (x2d, topk_weights, w_gate_up, w_down))
+
+
+def _no_vmap_of_gradients(axis_size, in_batched, *args):
+    # Per-example weight gradients would need one kernel call per example; say so instead of
+    # looping silently.
+    raise NotImplementedError(
+        "jax_mok: reverse-mode differentiation under jax.vmap is not supported by the kernels. "
+        "jax_mok.moe accepts x of any leading shape: fold the vmapped axis into x instead, or "
+        "use implementation='reference'"
+    )
+
+
+# ------------------------------------------------------------------ local kernels
+
+@functools.cache
+def moe_forward(kernel: KernelTuning):
+    """``mok_moe_fwd`` with ``kernel``'s attributes: ``f(x2d, topk_ids, topk_weights, w_gate_up,
+    w_down) -> y [T, H]`` in x's dtype. Under ``jax.vmap`` of x (and its routing) the batch is
+    folded into the token dimension: one kernel call, no loop."""
+
+    @jax.custom_batching.custom_vmap
+    def forward(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+        attrs = _local_attributes("mok_moe_fwd", kernel, x2d, topk_ids, w_gate_up)
+        return jax.ffi.ffi_call("mok_moe_fwd", _like(x2d))(
+            x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
+
+    @forward.def_vmap
+    def _(axis_size, in_batched, x2d, topk_ids, topk_weights, w_gate_up, w_down):
+        if in_batched[3] or in_batched[4]:
+            raise NotImplementedError(
+                "jax_mok: vmap over the expert weights (w_gate_up / w_down) is not supported; "
+                "only x (and its routing) may be batched"
+            )
+
+        def fold(a, batched):
+            a = a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+            return a.reshape(-1, *a.shape[2:])
+
+        rows = x2d.shape[-2]
+        y = forward(fold(x2d, in_batched[0]), fold(topk_ids, in_batched[1]),
+                    fold(topk_weights, in_batched[2]), w_gate_up, w_down)
+        return y.reshape(axis_size, rows, -1), True
+
+    return forward
+
+
+@functools.cache
+def moe_forward_train(kernel: KernelTuning):
+    """``mok_moe_fwd_train`` (CUDA): ``(y [T, H], h [T*k, 2F])``, h the gate/up
+    pre-activations in x's dtype, kept for :func:`moe_backward_saved`."""
+
+    @jax.custom_batching.custom_vmap
+    def forward_train(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+        tk = topk_ids.shape[0] * topk_ids.shape[1]
+        outs = (_like(x2d), jax.ShapeDtypeStruct((tk, w_gate_up.shape[-1]), x2d.dtype))
+        attrs = _local_attributes("mok_moe_fwd_train", kernel, x2d, topk_ids, w_gate_up)
+        return jax.ffi.ffi_call("mok_moe_fwd_train", outs)(
+            x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
+
+    forward_train.def_vmap(_no_vmap_of_gradients)
+    return forward_train
+
+
+@functools.cache
+def moe_backward(kernel: KernelTuning):
+    """``mok_moe_bwd``: ``f(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down) -> (dx,
+    d_topk_weights, d_w_gate_up, d_w_down)``, recomputing the gate/up GEMM."""
+
+    @jax.custom_batching.custom_vmap
+    def backward(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down):
+        outs = _backward_outs(x2d, topk_weights, w_gate_up, w_down)
+        attrs = _local_attributes("mok_moe_bwd", kernel, x2d, topk_ids, w_gate_up)
+        return jax.ffi.ffi_call("mok_moe_bwd", outs)(
+            dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
+
+    backward.def_vmap(_no_vmap_of_gradients)
+    return backward
+
+
+def moe_backward_saved(kernel: KernelTuning, dy, x2d, topk_ids, topk_weights, w_gate_up, w_down,
+                       h):
+    """``mok_moe_bwd_saved`` (CUDA): as :func:`moe_backward`, reading the saved ``h``."""
+    outs = _backward_outs(x2d, topk_weights, w_gate_up, w_down)
+    attrs = _local_attributes("mok_moe_bwd_saved", kernel, x2d, topk_ids, w_gate_up)
+    return jax.ffi.ffi_call("mok_moe_bwd_saved", outs)(
+        dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h, **attrs)
+
+
+# ------------------------------------------------------------------ expert parallelism
+
+def home_sum(buffer: jax.Array, home_row: jax.Array) -> jax.Array:
+    """``mok_home_sum`` (CUDA): ``y [T, H]`` float32, ``y[t] = sum over d = 0..EP-1 with
+    home_row[t, d] >= 0 of buffer[d, home_row[t, d]]`` in ascending ``d`` (``buffer [EP, R, H]``
+    bf16 / f32 with 16-byte rows, ``home_row [T, EP]`` int32)."""
+    out = jax.ShapeDtypeStruct((home_row.shape[0], buffer.shape[2]), jnp.float32)
+    return jax.ffi.ffi_call("mok_home_sum", out)(buffer, home_row)
+
+
+def ep_dispatch(x, ids, w, workspace_id: int, phase: int, peer: PeerTuning):
+    """``mok_ep_dispatch``: all-to-all over peer memory of ``x [EP, R, H]``, ``ids [EP, R, k]``
+    int32, ``w [EP, R, k]`` float32: chunk ``d`` goes to rank ``d``, chunk ``s`` of each result
+    came from rank ``s``. ``phase``: which exchange of a step (jax_mok.ep.peer)."""
+    call = jax.ffi.ffi_call("mok_ep_dispatch", tuple(_like(a) for a in (x, ids, w)),
+                            has_side_effect=True)
+    return call(x, ids, w, workspace_id=np.int64(workspace_id), phase=np.int32(phase),
+                **attributes("mok_ep_dispatch", peer=peer))
+
+
+def ep_combine(rows, home_row, workspace_id: int, phase: int, peer: PeerTuning):
+    """``mok_ep_combine``: ``rows [EP, R, H]`` (chunk ``s``: results for the rows rank ``s``
+    sent here) go home and are summed per token in rank order -> ``y [T, H]`` float32."""
+    T, H = home_row.shape[0], rows.shape[-1]
+    call = jax.ffi.ffi_call("mok_ep_combine", jax.ShapeDtypeStruct((T, H), jnp.float32),
+                            has_side_effect=True)
+    return call(rows, home_row, workspace_id=np.int64(workspace_id), phase=np.int32(phase),
+                **attributes("mok_ep_combine", peer=peer))
+
+
+def _fused_attributes(target: str, send_ids, w_gate_up, w_down, rows: int, tuning_kernel,
+                      tuning_peer) -> dict:
+    return attributes(target, kernel=tuning_kernel, peer=tuning_peer, ffn_size=w_down.shape[1],
+                      assignments=rows * send_ids.shape[-1], num_experts=w_gate_up.shape[0])
+
+
+def ep_moe_forward(send_x, send_ids, send_w, home_row, w_gate_up, w_down, workspace_id: int,
+                   kernel: KernelTuning, peer: PeerTuning):
+    """``mok_ep_moe_fwd``: dispatch, this rank's experts on the rows where they land, combine;
+    ``y [T, H]`` float32 (operands as :func:`ep_dispatch`, ``home_row [T, EP]`` int32, this
+    rank's experts ``[E_loc, H, 2F]``, ``[E_loc, F, H]``)."""
+    T, H = home_row.shape[0], send_x.shape[-1]
+    ep, rows = send_x.shape[:2]
+    call = jax.ffi.ffi_call("mok_ep_moe_fwd", jax.ShapeDtypeStruct((T, H), jnp.float32),
+                            has_side_effect=True)
+    attrs = _fused_attributes("mok_ep_moe_fwd", send_ids, w_gate_up, w_down, ep * rows, kernel,
+                              peer)
+    return call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                workspace_id=np.int64(workspace_id), **attrs)
+
+
+def ep_moe_forward_train(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                         workspace_id: int, save: bool, kernel: KernelTuning, peer: PeerTuning):
+    """``mok_ep_moe_fwd_train``: :func:`ep_moe_forward` that also hands back the received rows
+    ``x [EP*R, H]``, ``ids``, ``weights [EP*R, k]`` and, when ``save``, ``h [EP*R*k, 2F]``
+    (else an empty array): the operands of :func:`ep_moe_backward`."""
+    ep, rows, H = send_x.shape
+    k = send_ids.shape[-1]
+    n = ep * rows
+    outs = (jax.ShapeDtypeStruct((home_row.shape[0], H), jnp.float32),
+            jax.ShapeDtypeStruct((n, H), send_x.dtype),
+            jax.ShapeDtypeStruct((n, k), jnp.int32),
+            jax.ShapeDtypeStruct((n, k), jnp.float32),
+            jax.ShapeDtypeStruct((n * k, w_gate_up.shape[-1]) if save else (0,), send_x.dtype))
+    call = jax.ffi.ffi_call("mok_ep_moe_fwd_train", outs, has_side_effect=True)
+    attrs = _fused_attributes("mok_ep_moe_fwd_train", send_ids, w_gate_up, w_down, n, kernel,
+                              peer)
+    return call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                workspace_id=np.int64(workspace_id), **attrs)
+
+
+def ep_moe_backward(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h, workspace_id: int,
+                    kernel: KernelTuning, peer: PeerTuning):
+    """``mok_ep_moe_bwd``: the reverse combine of ``dy_rows [EP, R, H]``, the local backward,
+    the reverse dispatch of dx and d_topk_weights -> ``(dx [EP, R, H], d_w [EP, R, k] f32,
+    d_w_gate_up, d_w_down)``. ``h`` empty: the gate/up GEMM is recomputed."""
+    outs = (_like(dy_rows),
+            jax.ShapeDtypeStruct((*dy_rows.shape[:2], ids2d.shape[1]), jnp.float32),
+            _like(w_gate_up), _like(w_down))
+    call = jax.ffi.ffi_call("mok_ep_moe_bwd", outs, has_side_effect=True)
+    attrs = _fused_attributes("mok_ep_moe_bwd", ids2d, w_gate_up, w_down, x2d.shape[0], kernel,
+                              peer)
+    return call(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h,
+                workspace_id=np.int64(workspace_id), **attrs)
+
+
+__all__ = [
+    "FUSED_PEER_TARGETS",
+    "KERNEL_TARGETS",
+    "STAGED_PEER_TARGETS",
+    "attributes",
+    "ep_combine",
+    "ep_dispatch",
+    "ep_moe_backward",
+    "ep_moe_forward",
+    "ep_moe_forward_train",
+    "home_sum",
+    "moe_backward",
+    "moe_backward_saved",
+    "moe_forward",
+    "moe_forward_train",
+]
