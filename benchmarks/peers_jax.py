@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import jax
 
-from jax_mok import autodiff, reference
+from jax_mok import reference
+from jax_mok.kernels import autodiff
 
 JAX_IMPLS = ("jax_mok", "B1", "B2")
 

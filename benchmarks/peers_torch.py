@@ -7,12 +7,12 @@ harness runs without it, and records why B3 did not run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
 
 from benchmarks.problems import Probe, Problem
+from jax_mok import tuning
 
 
 def unavailable_reason(platform: str) -> str | None:
@@ -31,7 +31,7 @@ def unavailable_reason(platform: str) -> str | None:
         if not torch.cuda.is_available():
             return "torch has no CUDA device"
         return None
-    if os.environ.get("JAX_MOK_BENCH_TORCH_CPU") == "1":
+    if tuning.read("JAX_MOK_BENCH_TORCH_CPU"):
         return None
     return "no CUDA (set JAX_MOK_BENCH_TORCH_CPU=1 to run B3 on the CPU anyway)"
 

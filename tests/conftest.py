@@ -7,10 +7,10 @@ skip into a failure so a broken GPU setup cannot pass silently.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import pytest
+
+from jax_mok import tuning
 
 jax.config.update("jax_enable_x64", False)
 
@@ -29,6 +29,6 @@ def pytest_runtest_setup(item):
     gpus = _gpu_count()
     if gpus < need:
         reason = f"needs {need} CUDA GPU(s), found {gpus}"
-        if os.environ.get("JAX_MOK_REQUIRE_CUDA") == "1":
+        if tuning.read("JAX_MOK_REQUIRE_CUDA"):
             pytest.fail(f"JAX_MOK_REQUIRE_CUDA=1 but the test {reason}")
         pytest.skip(reason)

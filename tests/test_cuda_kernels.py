@@ -6,17 +6,19 @@ Skipped without a GPU; ``JAX_MOK_REQUIRE_CUDA=1`` turns the skips into failures 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
+from jax_mok import tuning as tuning_registry  # noqa: E402
+from jax_mok.kernels import _ffi, autodiff, targets  # noqa: E402
+from jax_mok.tuning import KernelTuning, Tuning  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-REQUIRE = os.environ.get("JAX_MOK_REQUIRE_CUDA", "") == "1"
+REQUIRE = bool(tuning_registry.read("JAX_MOK_REQUIRE_CUDA"))
 
 
 def _gpu_ready() -> str | None:
@@ -27,8 +29,6 @@ def _gpu_ready() -> str | None:
         gpus = []
     if not gpus:
         return "no CUDA GPU visible to JAX"
-    from jax_mok import _ffi
-
     if _ffi.cuda_module() is None:
         return "jax_mok._mok_cuda is not built"
     return None
@@ -79,12 +79,10 @@ def _problem(seed, T, H, F, E, k, dtype, kind):
     return cast(x), ids, w, cast(wgu), cast(wd), cast(dy)
 
 
-def _routed(implementation):
-    from jax_mok import autodiff
-
+def _routed(implementation, tuning=None):
     def f(x, ids, w, wgu, wd, dy):
         fn = lambda x, w, wgu, wd: autodiff.routed_experts(
-            x, ids, w, wgu, wd, implementation=implementation
+            x, ids, w, wgu, wd, implementation=implementation, tuning=tuning
         )
         y, vjp = jax.vjp(fn, x, w, wgu, wd)
         return (y, *vjp(dy))
@@ -183,24 +181,21 @@ def test_deterministic(T, H, F, E, k, kind):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} differs between runs"
 
 
-def test_simt_oracle_matches_wgmma(monkeypatch):
-    """The staged SIMT path (f32 FMA) and the wgmma path compute the same function."""
-    from jax_mok import _ffi
-
+def test_simt_oracle_matches_wgmma():
+    """The staged SIMT path (f32 FMA; KernelTuning.gemm="simt") and the wgmma path compute the
+    same function."""
     if not _ffi.cuda_module().device_info().get("wgmma_path", False):
         pytest.skip("built without CUTLASS headers: no wgmma path")
     args = _problem(5, 640, 256, 192, 8, 2, jnp.bfloat16, "skewed")
     fast = [np.asarray(jnp.asarray(a, jnp.float32)) for a in _cuda_fn()(*args)]
-    monkeypatch.setenv("JAX_MOK_CUDA_GEMM", "simt")
-    slow = [np.asarray(jnp.asarray(a, jnp.float32)) for a in _routed("cuda")(*args)]
+    simt = Tuning(kernel=KernelTuning(gemm="simt"))
+    slow = [np.asarray(jnp.asarray(a, jnp.float32)) for a in _routed("cuda", simt)(*args)]
     for name, a, b in zip(NAMES, fast, slow, strict=True):
         err = _rel(a, b)
         assert err <= 5e-3, f"{name}: wgmma vs SIMT rel error {err:.3e}"
 
 
 def _routed_policy(save):
-    from jax_mok import autodiff
-
     def f(x, ids, w, wgu, wd, dy):
         fn = lambda x, w, wgu, wd: autodiff.routed_experts(
             x, ids, w, wgu, wd, implementation="cuda", save_activations=save
@@ -231,8 +226,6 @@ def test_saved_activations_match_recompute(kind, dtype):
 
 
 def test_rejects_hidden_not_multiple_of_8():
-    from jax_mok import _ffi
-
     _ffi.cuda_module()
     T, H, F, E, k = 8, 12, 8, 2, 1
     x = jnp.ones((T, H), jnp.bfloat16)
@@ -240,52 +233,29 @@ def test_rejects_hidden_not_multiple_of_8():
     w = jnp.ones((T, k), jnp.float32)
     wgu = jnp.ones((E, H, 2 * F), jnp.bfloat16)
     wd = jnp.ones((E, F, H), jnp.bfloat16)
-    call = jax.ffi.ffi_call("mok_moe_fwd", jax.ShapeDtypeStruct((T, H), jnp.bfloat16))
+    call = targets.moe_forward(KernelTuning())  # bypasses the Python checks
     with pytest.raises(Exception, match="multiples of 8"):
         jax.block_until_ready(call(x, ids, w, wgu, wd))
 
 
-# Last in this file: a switch that hung (a pipeline bug) would be cut by the caller's timeout
-# after every other test has reported.
-TMA_SWITCHES = [
-    "JAX_MOK_CUDA_TMA",  # weight tiles by TMA (default; =0: every operand by cp.async)
-    "JAX_MOK_CUDA_TMA_A",  # non-gathered activations by TMA too (default; =0: cp.async for A)
-    # x, dy gathered into expert order first; weight-gradient GEMMs by TMA (default; =0: the
-    # row-by-row cp.async gathers). Expert counts that are not multiples of 64 exercise the
-    # zeroed tail rows, H = 264 the zero fill past M / N.
-    "JAX_MOK_CUDA_TMA_WGRAD",
-    # row outputs stored through shared memory (default; =0: 4-byte pair stores). H = 264,
-    # 2F = 400: partial tiles in both dimensions.
-    "JAX_MOK_CUDA_STAGED_STORES",
-    # forward: x gathered into expert order first, the gate/up GEMM's A by TMA (default for
-    # F >= 4096, so off at this test's F = 200: =1 forces it on)
-    "JAX_MOK_CUDA_PREGATHER_X",
-    # the forward's SwiGLU outputs (a, and h when saved) through shared memory (default off);
-    # F = 200: the second gate/up tile has one valid 8-column chunk in its second pass
-    "JAX_MOK_CUDA_STAGED_GLU",
-]
-
-
-@pytest.mark.parametrize("switch", TMA_SWITCHES)
+# Last in this file: a pipeline bug that hung would be cut by the caller's timeout after every
+# other test has reported.
 @pytest.mark.parametrize("kind", ["balanced", "one_expert"])
-def test_tma_matches_cp_async(monkeypatch, kind, switch):
-    """TMA fills shared memory with the same values as cp.async, so every output is bitwise
-    equal with the switch off and on. F = 200 leaves a partial gate/up tile."""
-    from jax_mok import _ffi
-
+def test_pregather_x_is_bitwise_neutral(kind):
+    """KernelTuning.pregather_x: x gathered into expert order first (the gate/up GEMM's A then by
+    TMA) fills shared memory with the same values as the row-by-row gather, so every output,
+    the inference forward's too, is bitwise equal with it off and on. F = 200 leaves a partial
+    gate/up tile; the heuristic would keep it off at this F."""
     if not _ffi.cuda_module().device_info().get("wgmma_path", False):
         pytest.skip("built without CUTLASS headers: no wgmma path")
     args = _problem(9, 700, 264, 200, 8, 2, jnp.bfloat16, kind)
-    from jax_mok import autodiff
-
-    # The inference forward too: no saved pre-activations, so other epilogues (kSwiGLU).
-    forward = jax.jit(lambda x, ids, w, wgu, wd: autodiff.routed_experts(
-        x, ids, w, wgu, wd, implementation="cuda", save_activations=False))
-    monkeypatch.setenv(switch, "0")
-    plain = [np.asarray(a) for a in _routed("cuda")(*args)]
-    plain.append(np.asarray(forward(*args[:5])))
-    monkeypatch.setenv(switch, "1")
-    tma = [np.asarray(a) for a in _routed("cuda")(*args)]
-    tma.append(np.asarray(forward(*args[:5])))
-    for name, a, b in zip((*NAMES, "y (inference)"), plain, tma, strict=True):
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: {switch}=1 differs"
+    outs = {}
+    for pregather in (False, True):
+        tuning = Tuning(kernel=KernelTuning(pregather_x=pregather))
+        # The inference forward too: no saved pre-activations, so other epilogues (kSwiGLU).
+        forward = jax.jit(lambda x, ids, w, wgu, wd, tuning=tuning: autodiff.routed_experts(
+            x, ids, w, wgu, wd, implementation="cuda", save_activations=False, tuning=tuning))
+        outs[pregather] = [np.asarray(a) for a in _routed("cuda", tuning)(*args)]
+        outs[pregather].append(np.asarray(forward(*args[:5])))
+    for name, a, b in zip((*NAMES, "y (inference)"), outs[False], outs[True], strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: pregather differs"

@@ -85,6 +85,30 @@ def test_nnx_injectable_op_and_sow():
     assert int(sown["expert_counts"].sum()) == 2 * 6 * 2
 
 
+def test_modules_pass_their_tuning_to_the_op():
+    """``tuning=`` of both modules reaches every call of the op (as ``tuning=``), and the default
+    op computes the same values with it; a wrong type is refused by name."""
+    tuned = jax_mok.Tuning(kernel=jax_mok.KernelTuning(gemm="simt"))
+    seen = []
+
+    def op(x, params, return_aux=False, **kw):
+        seen.append(kw.get("tuning"))
+        return jax_mok.moe(x, params, return_aux=return_aux, **kw)
+
+    x = _x()
+    layer = jax_mok.nnx.MoE(CONFIG, rngs=nnx.Rngs(1), moe_fn=op, tuning=tuned)
+    want = jax_mok.moe(x, layer.to_params())
+    assert testing.rel_error(layer(x), want) < TOL
+    module = jax_mok.linen.MoE(CONFIG, moe_fn=op, tuning=tuned)
+    variables = module.init(jax.random.key(0), x)
+    module.apply(variables, x, mutable=["intermediates"])
+    assert seen and all(t is tuned for t in seen), seen
+    plain = jax_mok.nnx.MoE(CONFIG, rngs=nnx.Rngs(1), tuning=tuned)
+    assert testing.rel_error(plain(x), want) < TOL
+    with pytest.raises(TypeError, match="tuning must be a jax_mok.Tuning or None"):
+        jax_mok.nnx.MoE(CONFIG, rngs=nnx.Rngs(1), tuning={"gemm": "simt"})
+
+
 def test_nnx_scan_over_layers_with_remat():
     layers = 3
     config = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=16, ffn_size=8,

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import jax_mok
-from jax_mok import autodiff, reference, testing
+from jax_mok import reference, testing
+from jax_mok.kernels import autodiff, targets
+from jax_mok.tuning import KernelTuning
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 
@@ -196,7 +198,7 @@ def test_handler_error_becomes_python_exception():
     wgu = jnp.ones((2, 9, 6))  # H=9 does not match x's H=8
     wd = jnp.ones((2, 3, 8))
     with pytest.raises(Exception, match="w_gate_up must be"):
-        jax.block_until_ready(autodiff._ffi_forward(x, ids, weights, wgu, wd))
+        jax.block_until_ready(targets.moe_forward(KernelTuning())(x, ids, weights, wgu, wd))
 
 
 def test_input_dtypes_mixed_params_are_cast():
@@ -226,14 +228,15 @@ def test_padded_oracle_matches_reference():
 
 
 def test_save_activations_policy():
-    """Saved pre-activations need the CUDA targets: the CPU backend refuses them by name, the
-    default there is to recompute, and JAX_MOK_SAVE_ACTIVATIONS=0 turns the default off."""
-    assert autodiff._save_activations("cpu", None) is False
-    assert autodiff._save_activations("cuda", None) is True
-    assert autodiff._save_activations("cuda", False) is False
+    """Saved pre-activations need the CUDA targets: the CPU backend refuses them by name, and
+    the default there is to recompute."""
+    assert autodiff.resolve_save_activations("cpu", None) is False
+    assert autodiff.resolve_save_activations("cuda", None) is True
+    assert autodiff.resolve_save_activations("cuda", False) is False
     with pytest.raises(ValueError, match="save_activations=True needs the CUDA kernels"):
-        autodiff._save_activations("cpu", True)
-    assert autodiff._save_activations("ffi", True) is True  # platform-dependent at lowering
+        autodiff.resolve_save_activations("cpu", True)
+    # platform-dependent at lowering
+    assert autodiff.resolve_save_activations("ffi", True) is True
 
 
 def test_save_activations_ffi_on_cpu_recomputes():
@@ -258,11 +261,3 @@ def test_save_activations_ffi_on_cpu_recomputes():
     recomputed = jax.tree.leaves(loss(False)(x, *args[2:]))
     for a, b in zip(saved, recomputed, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def test_save_activations_env_override(monkeypatch):
-    monkeypatch.setenv("JAX_MOK_SAVE_ACTIVATIONS", "0")
-    assert autodiff._save_activations("cuda", None) is False
-    assert autodiff._save_activations("cuda", True) is True  # explicit beats the switch
-    monkeypatch.setenv("JAX_MOK_SAVE_ACTIVATIONS", "1")  # only "0" changes the default
-    assert autodiff._save_activations("cpu", None) is False

@@ -1,9 +1,8 @@
 """transport="peer" (NVLink peer memory, docs/peer-transport.md).
 
-The GPU tests (``multigpu``: 2 CUDA GPUs, e.g. nvidia-h200-x2 via tools/gpu_check_ep.sh) are
-run on 2 x H200 (2026-11-29; results in BENCHMARKS.md). The CPU tests at the top check
-the JAX glue: with availability faked, the EP program traces, differentiates and lowers with the
-peer targets in place of every all-to-all.
+The GPU tests (``multigpu``: 2 CUDA GPUs, e.g. nvidia-h200-x2 via tools/gpu_check_ep.sh; results
+in BENCHMARKS.md). The CPU tests at the top check the JAX glue: with availability faked, the EP
+program traces, differentiates and lowers with the peer targets in place of every all-to-all.
 """
 
 from __future__ import annotations
@@ -20,7 +19,9 @@ import numpy as np
 import pytest
 
 import jax_mok
-from jax_mok import peer, testing, workspace
+from jax_mok import testing
+from jax_mok.ep import peer, plan, workspace
+from jax_mok.tuning import PeerTuning, Tuning
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     try:  # as tests/test_sharding.py: several CPU devices, before the CPU backend exists
@@ -45,47 +46,49 @@ def _value_and_grad(x, params, **kw):
 
 
 @pytest.mark.parametrize("data,ep", [(1, 2), (2, 2)])
-def test_peer_program_lowers_on_cpu(monkeypatch, data, ep):
-    """CPU: fake availability and a workspace id; the staged training step's HLO
-    (JAX_MOK_PEER_FUSED_BWD=0) uses the peer targets (1 dispatch + 1 combine forward; 1 reverse
-    combine + 1 reverse dispatch backward) and no all-to-all. Nothing runs: the targets exist
-    only for platform CUDA."""
+def test_staged_program_lowers_on_cpu(monkeypatch, data, ep):
+    """CPU: fake availability and a workspace id; where the experts are not the CUDA kernels
+    (here the reference), the training step's HLO uses the staged peer targets (1 dispatch + 1
+    combine forward; 1 reverse combine + 1 reverse dispatch backward, both dispatch targets) and
+    no all-to-all. Nothing runs: the targets exist only for platform CUDA."""
     devices = jax.devices("cpu")
     if len(devices) < data * ep:
         pytest.skip(f"needs {data * ep} CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", "0")
     monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
+    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
     mesh = jax.sharding.Mesh(np.array(devices[:data * ep]).reshape(data, ep), ("data", "expert"))
     config = _config()
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (16, 64))
-    text = _value_and_grad(x, params, mesh=mesh, transport="peer").lower(x, params).as_text()
+    fn = _value_and_grad(x, params, mesh=mesh, transport="peer", implementation="reference")
+    text = fn.lower(x, params).as_text()
     assert text.count("mok_ep_dispatch") == 3, text.count("mok_ep_dispatch")
     assert text.count("mok_ep_combine") == 1
+    assert "mok_ep_moe" not in text and "mok_moe" not in text
     assert "all_to_all" not in text and "all-to-all" not in text
 
 
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_inference_lowers_to_one_fused_call_on_cpu(monkeypatch, fused):
-    """CPU: without differentiation the layer is one ``mok_ep_moe_fwd`` call (dispatch, the local
-    experts and combine); ``JAX_MOK_PEER_FUSED=0`` keeps the staged dispatch + mok_moe_fwd +
-    combine. Training steps: test_fused_training_step_lowers_to_its_calls_on_cpu."""
+@pytest.mark.parametrize("implementation", ["ffi", "reference"])
+def test_inference_lowers_to_one_fused_call_on_cpu(monkeypatch, implementation):
+    """CPU: without differentiation the layer with the kernels is one ``mok_ep_moe_fwd`` call
+    (dispatch, the local experts and combine); with the reference experts it is the staged
+    dispatch + the experts + combine. Training steps:
+    test_fused_training_step_lowers_to_its_calls_on_cpu."""
     devices = jax.devices("cpu")
     if len(devices) < 2:
         pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setenv("JAX_MOK_PEER_FUSED", fused)
     monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
+    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
     mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
     config = _config()
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (16, 64))
-    fn = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="peer"))
+    fn = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="peer",
+                                          implementation=implementation))
     text = fn.lower(x, params).as_text()
     counts = [text.count(t) for t in ("mok_ep_moe_fwd", "mok_ep_dispatch", "mok_ep_combine")]
-    assert counts == ([1, 0, 0] if fused == "1" else [0, 1, 1]), counts
-    assert ("mok_moe_fwd" in text) == (fused == "0")  # the local experts: inside the fused call
+    assert counts == ([1, 0, 0] if implementation == "ffi" else [0, 1, 1]), counts
+    assert "mok_moe_fwd" not in text  # the local experts: inside the fused call, or pure JAX
 
 
 class _HostExchange:
@@ -142,7 +145,7 @@ def test_emulated_peer_glue_equals_xla_transport(monkeypatch, data, ep, capacity
     emulator = _HostExchange(mesh, "expert")
     monkeypatch.setattr(peer, "_backend", emulator)
     monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
+    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
     config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (32, 64))
@@ -242,31 +245,26 @@ def _bits(a):
 @pytest.mark.multigpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("capacity_factor", [None, 0.75])
-def test_fused_forward_equals_staged_bitwise(monkeypatch, dtype, capacity_factor):
-    """The fused forward (mok_ep_moe_fwd: one call) gives the bits of the staged dispatch ->
-    mok_moe_fwd -> combine, and the XLA transport's values within the dtype's tolerance. The
-    compiled programs are checked to contain the call they are meant to test."""
+def test_fused_forward_equals_xla_transport(dtype, capacity_factor):
+    """The fused forward (mok_ep_moe_fwd: one call) gives the XLA transport's values (the same
+    local kernels) within the dtype's tolerance; the compiled program is checked to contain the
+    call it is meant to test."""
     mesh = _gpu_mesh()
     config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
     params = testing.random_params(jax.random.key(3), config, dtype)
     x = jax.random.normal(jax.random.key(4), (512, 64)).astype(dtype)
-    outs = {}
-    for mode in ("1", "0"):
-        monkeypatch.setenv("JAX_MOK_PEER_FUSED", mode)
-        fn = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="peer"))
-        hlo = fn.lower(x, params).as_text()
-        assert ("mok_ep_moe_fwd" in hlo) == (mode == "1"), mode
-        outs[mode] = np.asarray(fn(x, params))
+    fn = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="peer"))
+    assert "mok_ep_moe_fwd" in fn.lower(x, params).as_text()
     want = jax_mok.moe(x, params, mesh=mesh, transport="xla")
-    np.testing.assert_array_equal(_bits(outs["1"]), _bits(outs["0"]))
-    assert testing.rel_error(outs["1"], want) < testing.tolerance(dtype)
+    assert testing.rel_error(fn(x, params), want) < testing.tolerance(dtype)
 
 
 @pytest.mark.multigpu
 def test_fused_and_staged_calls_interleave():
-    """Inference (fused: the workspace's fixed areas 2-3) and training steps (staged: the
-    alternating halves) on one workspace, in turn, with new routings each step: every result
-    equals the XLA transport's, and repeating an inference call gives the same bits."""
+    """Inference and training steps (fused: the workspace's fixed areas 2-3) and staged steps
+    (the reference experts between mok_ep_dispatch and mok_ep_combine: the alternating halves)
+    on one workspace, in turn, with new routings each step: every result equals the XLA
+    transport's, and repeating an inference call gives the same bits."""
     mesh = _gpu_mesh()
     config = _config()
     params = testing.random_params(jax.random.key(5), config, jnp.bfloat16)
@@ -275,122 +273,105 @@ def test_fused_and_staged_calls_interleave():
     grads = {t: jax.jit(jax.grad(lambda x, t=t: jnp.sum(
         jax_mok.moe(x, params, mesh=mesh, transport=t).astype(jnp.float32) ** 2)))
         for t in ("peer", "xla")}
+    staged = {t: jax.jit(jax.grad(lambda x, t=t: jnp.sum(jax_mok.moe(
+        x, params, mesh=mesh, transport=t, implementation="reference").astype(jnp.float32) ** 2)))
+        for t in ("peer", "xla")}
     tol = testing.tolerance(jnp.bfloat16)
     for step in range(4):
         x = jax.random.normal(jax.random.key(200 + step), (256, 64)).astype(jnp.bfloat16)
         y = infer["peer"](x)
         assert testing.rel_error(y, infer["xla"](x)) < tol, f"step {step} inference"
         assert testing.rel_error(grads["peer"](x), grads["xla"](x)) < tol, f"step {step} grad"
+        assert testing.rel_error(staged["peer"](x), staged["xla"](x)) < tol, f"step {step} staged"
         np.testing.assert_array_equal(_bits(infer["peer"](x)), _bits(y))
-
-
-# (JAX_MOK_PEER_FUSED, JAX_MOK_PEER_FUSED_BWD) -> the custom calls a training step must contain.
-_TRAINING_MODES = {
-    ("1", "1"): ("mok_ep_moe_fwd_train", "mok_ep_moe_bwd"),  # the default: two calls
-    ("0", "1"): ("mok_ep_dispatch", "mok_moe_fwd", "mok_ep_combine", "mok_ep_moe_bwd"),
-    ("1", "0"): ("mok_ep_dispatch", "mok_moe_fwd", "mok_ep_combine"),  # the staged calls' VJP
-}
 
 
 @pytest.mark.multigpu
 @pytest.mark.parametrize("dtype,capacity_factor,save", [
     (jnp.bfloat16, None, None), (jnp.bfloat16, 0.75, None), (jnp.float32, None, None),
     (jnp.float32, 0.75, None), (jnp.bfloat16, None, False)])
-def test_fused_backward_equals_staged_bitwise(monkeypatch, dtype, capacity_factor, save):
-    """The training step's value, aux and every gradient carry the same bits whether the forward
-    and backward are one call each (mok_ep_moe_fwd_train, mok_ep_moe_bwd: the default), the
-    staged forward with the fused backward, or the staged calls and their transposes; each
-    compiled program has the calls it is meant to test. ``save=False``: the backward recomputes
-    the gate/up GEMM instead of reading the saved h (added after the 47419cf device run)."""
+def test_fused_training_step_equals_xla_transport(dtype, capacity_factor, save):
+    """The training step as two fused calls (mok_ep_moe_fwd_train, mok_ep_moe_bwd; the compiled
+    program is checked to contain them) gives the XLA transport's value, aux and every gradient
+    within the dtype's tolerance. ``save=False``: the backward recomputes the gate/up GEMM
+    instead of reading the saved h."""
     mesh = _gpu_mesh()
     config = _config(capacity_factor=capacity_factor, num_shared_experts=1,
                      save_activations=save)
     params = testing.random_params(jax.random.key(6), config, dtype)
     x = jax.random.normal(jax.random.key(7), (512, 64)).astype(dtype)
-    out = {}
-    for mode, calls in _TRAINING_MODES.items():
-        monkeypatch.setenv("JAX_MOK_PEER_FUSED", mode[0])
-        monkeypatch.setenv("JAX_MOK_PEER_FUSED_BWD", mode[1])
-        fn = _value_and_grad(x, params, mesh=mesh, transport="peer")
-        text = fn.lower(x, params).as_text()
-        assert all(c in text for c in calls), (mode, calls)
-        out[mode] = jax.tree_util.tree_leaves_with_path(fn(x, params))
-    for mode in (("1", "1"), ("0", "1")):
-        for (path, a), (_, b) in zip(out[mode], out["1", "0"], strict=True):
-            a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
-            assert np.array_equal(_bits(a), _bits(b)), (mode, jax.tree_util.keystr(path))
+    fn = _value_and_grad(x, params, mesh=mesh, transport="peer")
+    text = fn.lower(x, params).as_text()
+    assert "mok_ep_moe_fwd_train" in text and "mok_ep_moe_bwd" in text
+    (_, (y1, aux1)), g1 = fn(x, params)
+    (_, (y0, aux0)), g0 = _value_and_grad(x, params, mesh=mesh, transport="xla")(x, params)
+    tol = testing.tolerance(dtype)
+    assert testing.rel_error(y1, y0) < tol
+    np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
+                                 strict=True):
+        err = testing.rel_error(got, want)
+        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
 
 
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_fused_training_step_lowers_to_its_calls_on_cpu(monkeypatch, fused):
-    """CPU: by default a training step is one mok_ep_moe_fwd_train and one mok_ep_moe_bwd call
-    (no staged exchange at all); with JAX_MOK_PEER_FUSED=0 the forward is the staged dispatch
-    and combine, and the backward still one mok_ep_moe_bwd."""
+def test_fused_training_step_lowers_to_its_calls_on_cpu(monkeypatch):
+    """CPU: with the kernels a training step is one mok_ep_moe_fwd_train and one mok_ep_moe_bwd
+    call (no staged exchange at all, no local kernel call outside them)."""
     devices = jax.devices("cpu")
     if len(devices) < 2:
         pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setenv("JAX_MOK_PEER_FUSED", fused)
-    monkeypatch.delenv("JAX_MOK_PEER_FUSED_BWD", raising=False)
     monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, config=None: 7)
+    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
     mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
     params = testing.random_params(jax.random.key(0), _config())
     x = jax.random.normal(jax.random.key(1), (16, 64))
     text = _value_and_grad(x, params, mesh=mesh, transport="peer").lower(x, params).as_text()
     names = ("mok_ep_moe_fwd_train", "mok_ep_dispatch", "mok_ep_combine", "mok_ep_moe_bwd")
     counts = [text.count(t) for t in names]
-    assert counts == ([1, 0, 0, 1] if fused == "1" else [0, 1, 1, 1]), counts
+    assert counts == [1, 0, 0, 1], counts
     assert "mok_moe_bwd" not in text.replace("mok_ep_moe_bwd", "")
 
 
-_COPY_ENGINE = textwrap.dedent("""
-    import os, jax, jax.numpy as jnp, numpy as np
-    import jax_mok
-    from jax_mok import testing
-    mesh = jax.sharding.Mesh(np.array(jax.devices("gpu")[:2]), ("expert",))
-    cfg = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=64, ffn_size=32)
-    params = testing.random_params(jax.random.key(3), cfg, jnp.bfloat16)
-    out = {}
-    for mode in ("1", "0"):
-        os.environ["JAX_MOK_PEER_FUSED"] = mode
-        fn = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="peer"))
-        for step in range(3):  # back-to-back calls: the epochs and areas advance
-            x = jax.random.normal(jax.random.key(10 + step), (512, 64)).astype(jnp.bfloat16)
-            out[mode, step] = np.asarray(fn(x, params)).view(np.uint16)
-    same = all(np.array_equal(out["1", s], out["0", s]) for s in range(3))
-    x = jax.random.normal(jax.random.key(12), (512, 64)).astype(jnp.bfloat16)
-    want = jax_mok.moe(x, params, mesh=mesh, transport="xla")
-    tol = testing.tolerance(jnp.bfloat16)
-    close = testing.rel_error(out["1", 2].view(jnp.bfloat16), want) < tol  # x of step 2
-    loss = lambda t: jax.jit(jax.grad(lambda x: jnp.sum(jax_mok.moe(
-        x, params, mesh=mesh, transport=t).astype(jnp.float32) ** 2)))
-    grads_close = all(testing.rel_error(loss("peer")(x), loss("xla")(x)) < tol for _ in range(2))
-    print("COPY ENGINE FUSED == STAGED:", same and bool(close) and bool(grads_close), same, close,
-          grads_close)
-""")
+# Peer tunings the default test process does not run (copy engines, sync check, 2 CTAs per SM).
+_EXCHANGE_SETTINGS = [PeerTuning(copy="sm"), PeerTuning(check="deferred"),
+                      PeerTuning(copy="sm", check="deferred"), PeerTuning(copy="sm", ctas_per_sm=1),
+                      PeerTuning(copy="sm", ctas_per_sm=4)]
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("settings", [{"JAX_MOK_PEER_COPY": "sm"},
-                                      {"JAX_MOK_PEER_OVERLAP": "1"},
-                                      {"JAX_MOK_PEER_OVERLAP": "1", "JAX_MOK_PEER_COPY": "sm"}])
-def test_fused_forward_with_exchange_settings_equals_staged(settings):
-    """The exchange settings the main test process does not run (it runs the defaults: copy-engine
-    stores, the staged calls' half from the host's epoch count, checked on the device):
-    JAX_MOK_PEER_COPY=sm (the exchange kernel's own stores) and JAX_MOK_PEER_OVERLAP=1 (x rows
-    on a side stream, GEMM tiles waiting for them); read once per process, hence a subprocess:
-    fused == staged bitwise on back-to-back calls, both close to transport "xla", and the
-    training step's gradients too."""
-    env = {**os.environ, **settings, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    proc = subprocess.run([sys.executable, "-c", _COPY_ENGINE], capture_output=True, text=True,
-                          timeout=180, env=env)
-    out = proc.stdout + proc.stderr
-    assert "COPY ENGINE FUSED == STAGED: True" in out, out[-3000:]
+@pytest.mark.parametrize("setting", _EXCHANGE_SETTINGS, ids=repr)
+def test_exchange_settings_give_the_same_bits(setting):
+    """An exchange setting changes how bytes move (copy engines or the kernel's own stores, the
+    exchange grid) or when errors are checked, never a value: on back-to-back calls the fused
+    inference, the fused training step's gradient and the staged calls (reference experts) give
+    the default setting's bits, and the default is close to transport "xla"."""
+    mesh = _gpu_mesh()
+    cfg = _config()
+    params = testing.random_params(jax.random.key(3), cfg, jnp.bfloat16)
+
+    def programs(peer_tuning):
+        tuning = Tuning(peer=peer_tuning)
+        moe = lambda x, **kw: jax_mok.moe(x, params, mesh=mesh, transport="peer", tuning=tuning,
+                                          **kw)
+        sq = lambda y: jnp.sum(y.astype(jnp.float32) ** 2)
+        return (jax.jit(moe), jax.jit(jax.grad(lambda x: sq(moe(x)))),
+                jax.jit(lambda x: moe(x, implementation="reference")))
+
+    default, tuned = programs(PeerTuning()), programs(setting)
+    for step in range(3):  # back-to-back calls: the epochs and areas advance
+        x = jax.random.normal(jax.random.key(10 + step), (512, 64)).astype(jnp.bfloat16)
+        for name, a, b in zip(("inference", "gradient", "staged"), default, tuned, strict=True):
+            np.testing.assert_array_equal(_bits(a(x)), _bits(b(x)), err_msg=f"{name} {step}")
+    want = jax_mok.moe(x, params, mesh=mesh, transport="xla")
+    assert testing.rel_error(default[0](x), want) < testing.tolerance(jnp.bfloat16)
 
 
 _ONE_SIDED = textwrap.dedent("""
     import sys, time, jax, jax.numpy as jnp, numpy as np
-    from jax_mok import peer, workspace
+    from jax_mok.ep import peer, workspace
+    from jax_mok.kernels import targets
+    from jax_mok.tuning import KernelTuning, PeerTuning
+    tuning = PeerTuning(timeout_ms=500)
     gpus = jax.devices("gpu")[:2]
     mesh = jax.sharding.Mesh(np.array(gpus), ("expert",))
     spec = workspace.WorkspaceSpec(2, 8, 64, 2, "float32")
@@ -402,11 +383,12 @@ _ONE_SIDED = textwrap.dedent("""
         home = jax.device_put(jnp.zeros((8, 2), jnp.int32), gpus[0])
         gu = jax.device_put(jnp.ones((1, 64, 32)), gpus[0])
         dn = jax.device_put(jnp.ones((1, 16, 64)), gpus[0])
-        fn = jax.jit(lambda a, b, c: peer._fused_call(a, b, c, home, gu, dn, ws))
+        fn = jax.jit(lambda a, b, c: targets.ep_moe_forward(a, b, c, home, gu, dn, ws,
+                                                             KernelTuning(), tuning))
     else:
-        fn = jax.jit(lambda a, b, c: peer.dispatch(a, b, c, ws))
+        fn = jax.jit(lambda a, b, c: peer.dispatch(a, b, c, ws, tuning))
     t0 = time.time()
-    try:  # JAX_MOK_PEER_CHECK=sync raises on the first call, =deferred on the second
+    try:  # check="sync" raises on the first call, "deferred" on the second
         for _ in range(2):
             jax.block_until_ready(fn(x, ids, w))
         print("NO ERROR")
@@ -418,9 +400,10 @@ _ONE_SIDED = textwrap.dedent("""
 @pytest.mark.multigpu
 @pytest.mark.parametrize("call", ["dispatch", "fused"])
 def test_one_sided_call_times_out_with_an_error(call):
-    """Only rank 0 launches: its bounded wait must end in an error naming rank 1, not a hang."""
+    """Only rank 0 launches: its bounded wait (PeerTuning.timeout_ms=500) must end in an error
+    naming rank 1, not a hang. A subprocess: the timeout poisons the workspace."""
     # The pytest process already holds XLA's preallocation on both GPUs: allocate on demand.
-    env = {**os.environ, "JAX_MOK_PEER_TIMEOUT_MS": "500", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     proc = subprocess.run([sys.executable, "-c", _ONE_SIDED, call], capture_output=True,
                           text=True, timeout=120, env=env)
     out = proc.stdout + proc.stderr
@@ -434,7 +417,8 @@ _TWO_PROCESSES = textwrap.dedent("""
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
                                local_device_ids=[pid])
     import jax_mok
-    from jax_mok import peer, testing, workspace
+    from jax_mok import testing
+    from jax_mok.ep import workspace
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("expert",))
     print("AVAILABLE", workspace.peer_transport_available(mesh, "expert"), flush=True)
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -464,8 +448,8 @@ _TWO_PROCESSES = textwrap.dedent("""
 @pytest.mark.multigpu
 def test_two_processes_one_gpu_each():
     """One process per GPU: CUDA IPC handles through jax.distributed's key-value store. Loss and
-    router gradient (staged calls) and the inference output (the fused call) equal transport
-    "xla"'s."""
+    router gradient (the fused training calls) and the inference output (the fused call) equal
+    transport "xla"'s."""
     import socket
 
     with socket.socket() as s:
@@ -486,10 +470,9 @@ def test_two_processes_one_gpu_each():
 
 
 def test_auto_transport_falls_back_with_one_warning(monkeypatch):
-    """JAX_MOK_TRANSPORT=auto on CPU: the XLA transport's result, one warning with the reason."""
+    """JAX_MOK_TRANSPORT=auto on CPU: the XLA transport's result, one warning with the reason;
+    a value outside auto | xla | peer is an error naming the variable."""
     import warnings
-
-    from jax_mok import sharding
 
     devices = jax.devices("cpu")
     if len(devices) < 2:
@@ -500,7 +483,7 @@ def test_auto_transport_falls_back_with_one_warning(monkeypatch):
     x = jax.random.normal(jax.random.key(1), (16, 64))
     want = jax_mok.moe(x, params, mesh=mesh)
     monkeypatch.setenv("JAX_MOK_TRANSPORT", "auto")
-    monkeypatch.setattr(sharding, "_WARNED", set())
+    monkeypatch.setattr(plan, "_WARNED", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = jax_mok.moe(x, params, mesh=mesh)
@@ -509,7 +492,8 @@ def test_auto_transport_falls_back_with_one_warning(monkeypatch):
     assert len(texts) == 1 and "uses 'xla'" in texts[0], texts
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     monkeypatch.setenv("JAX_MOK_TRANSPORT", "nvls")
-    with pytest.raises(ValueError, match=r"JAX_MOK_TRANSPORT must be one of .* got 'nvls'"):
+    with pytest.raises(ValueError, match=r"JAX_MOK_TRANSPORT='nvls' is not accepted; it takes "
+                                         r"auto \| xla \| peer"):
         jax_mok.moe(x, params, mesh=mesh)
 
 

@@ -22,6 +22,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_mok
 from jax_mok import sharding, testing
+from jax_mok.ep import pack
+from jax_mok.kernels import _ffi
 
 CPU_DEVICES = 8
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -197,13 +199,13 @@ def test_errors_name_the_problem():
 
 @pytest.mark.parametrize("rows", [24, 5])  # 5: the buffer is smaller than the tokens sent
 def test_pack_rows_transpose_is_a_fixed_order_gather(rows):
-    """sharding._pack_rows: the forward is the packing gather; its cotangent is the exact
+    """pack.pack_rows: the forward is the packing gather; its cotangent is the exact
     transpose (float32: equal to the autodiff of the plain gather, whose scatter-add has at most
     one term per destination here) and comes out the same on every call."""
     T, ep, k = 20, 3, 2
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(-1, 6, size=(T, k)), jnp.int32)  # -1: dropped slot
-    _, sent, row, source_token, _ = sharding._dispatch_indices(ids, ep, 2, rows)
+    _, sent, row, source_token, _ = pack.dispatch_indices(ids, ep, 2, rows)
     token_of_row = jnp.minimum(source_token, T - 1)
     padding = source_token >= T
     x = jnp.asarray(rng.standard_normal((T, 8)), jnp.float32)
@@ -213,7 +215,7 @@ def test_pack_rows_transpose_is_a_fixed_order_gather(rows):
         return jnp.where(padding[:, :, None], 0.0, v[token_of_row])
 
     def packed(v):
-        return sharding._pack_rows(v, token_of_row, padding, row, sent)
+        return pack.pack_rows(v, token_of_row, padding, row, sent)
 
     np.testing.assert_array_equal(packed(x), plain(x))
     got = jax.vjp(packed, x)[1](ct)[0]
@@ -225,8 +227,8 @@ def test_pack_rows_transpose_is_a_fixed_order_gather(rows):
 
 
 @pytest.mark.parametrize("ep", [2, 3])
-def test_sum_home_rows_adds_in_ascending_destination_order(ep):
-    """sharding._sum_home_rows: bitwise the sequential float32 sum ((0 + b_0) + b_1) + ... over
+def testsum_home_rows_adds_in_ascending_destination_order(ep):
+    """pack.sum_home_rows: bitwise the sequential float32 sum ((0 + b_0) + b_1) + ... over
     the destinations a token was sent to, the order of the peer combine kernel; bf16 inputs are
     widened before adding; clipped rows of unsent slots never count."""
     T, rows, H = 17, 9, 6
@@ -234,7 +236,7 @@ def test_sum_home_rows_adds_in_ascending_destination_order(ep):
     buffer = jnp.asarray(rng.standard_normal((ep, rows, H)) * 1e3, jnp.bfloat16)
     row = jnp.asarray(rng.integers(-1, rows + 2, size=(T, ep)), jnp.int32)  # out of range too
     sent = jnp.asarray(rng.random((T, ep)) < 0.7) & (row >= 0) & (row < rows)
-    got = np.asarray(jax.jit(sharding._sum_home_rows)(buffer, row, sent))
+    got = np.asarray(jax.jit(pack.sum_home_rows)(buffer, row, sent))
     b = np.asarray(buffer.astype(jnp.float32))
     want = np.zeros((T, H), np.float32)
     for t in range(T):
@@ -248,19 +250,19 @@ def test_sum_home_rows_adds_in_ascending_destination_order(ep):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_home_sum_transpose_is_the_gather(dtype):
-    """sharding._home_sum: the same forward as _sum_home_rows, and a cotangent written as a
+    """pack.home_sum: the same forward as sum_home_rows, and a cotangent written as a
     gather by each row's token that equals autodiff's scatter-add bitwise (one term per row),
     padding and unsent rows zero."""
     T, ep, k, rows = 24, 3, 2, 10  # rows < T: some slots overflow and are not sent
     rng = np.random.default_rng(7)
     ids = jnp.asarray(rng.integers(-1, 6, size=(T, k)), jnp.int32)
-    _, sent, row, source_token, _ = sharding._dispatch_indices(ids, ep, 2, rows)
+    _, sent, row, source_token, _ = pack.dispatch_indices(ids, ep, 2, rows)
     token_of_row = jnp.minimum(source_token, T - 1)
     padding = source_token >= T
     buffer = jnp.asarray(rng.standard_normal((ep, rows, 8)), dtype)
     ct = jnp.asarray(rng.standard_normal((T, 8)), jnp.float32)
-    fast = lambda b: sharding._home_sum(b, row, sent, token_of_row, padding)
-    plain = lambda b: sharding._home_sum_xla(b, row, sent)  # autodiff's transpose: a scatter
+    fast = lambda b: pack.home_sum(b, row, sent, token_of_row, padding)
+    plain = lambda b: pack.home_sum_xla(b, row, sent)  # autodiff's transpose: a scatter
     np.testing.assert_array_equal(np.asarray(fast(buffer)), np.asarray(plain(buffer)))
     got = np.asarray(jax.jit(lambda c: jax.vjp(fast, buffer)[1](c)[0])(ct))
     want = np.asarray(jax.jit(lambda c: jax.vjp(plain, buffer)[1](c)[0])(ct))
@@ -273,45 +275,40 @@ def _home_sum_case(dtype, hidden, seed=11):
     T, ep, k, rows = 40, 2, 3, 24
     rng = np.random.default_rng(seed)
     ids = jnp.asarray(rng.integers(-1, 8, size=(T, k)), jnp.int32)
-    _, sent, row, _, _ = sharding._dispatch_indices(ids, ep, 4, rows)
+    _, sent, row, _, _ = pack.dispatch_indices(ids, ep, 4, rows)
     buffer = jnp.asarray(rng.standard_normal((ep, rows, hidden)) * 100, dtype)
     return buffer, row, sent
 
 
-@pytest.mark.parametrize("setting,dtype,hidden,kernel", [
-    ("xla", jnp.bfloat16, 16, False), ("kernel", jnp.bfloat16, 16, True),
-    ("auto", jnp.bfloat16, 16, None),
-    ("kernel", jnp.float32, 12, True), ("kernel", jnp.bfloat16, 12, False),
-    ("kernel", jnp.float32, 3, False)])
-def test_home_sum_kernel_selection(monkeypatch, setting, dtype, hidden, kernel):
-    """JAX_MOK_HOME_SUM=kernel: the CUDA lowering of _sum_home_rows calls mok_home_sum for
-    [EP, R, H] buffers of whole 16-byte rows (not otherwise, e.g. the [EP, R, k] weights), the
-    CPU lowering never does, and the CPU value is the XLA reduction's. ``auto`` (the default):
-    the kernel exactly when the CUDA extension is built."""
-    monkeypatch.setenv("JAX_MOK_HOME_SUM", setting)
-    if kernel is None:
-        from jax_mok import _ffi
-
-        kernel = _ffi.kernels_built("cuda")
+@pytest.mark.parametrize("built,dtype,hidden,kernel", [
+    (False, jnp.bfloat16, 16, False), (True, jnp.bfloat16, 16, True),
+    (True, jnp.float32, 12, True), (True, jnp.bfloat16, 12, False),
+    (True, jnp.float32, 3, False)])
+def test_home_sum_kernel_selection(monkeypatch, built, dtype, hidden, kernel):
+    """Where the CUDA extension is built (faked here: lowering needs no GPU), the CUDA lowering
+    of sum_home_rows calls mok_home_sum for [EP, R, H] buffers of whole 16-byte rows (not
+    otherwise, e.g. the [EP, R, k] weights); without the extension it never does; the CPU
+    lowering never does, and the CPU value is the XLA reduction's."""
+    real = _ffi.kernels_built
+    monkeypatch.setattr(_ffi, "kernels_built", lambda p: built if p == "cuda" else real(p))
     buffer, row, sent = _home_sum_case(dtype, hidden)
-    f = jax.jit(lambda b: sharding._sum_home_rows(b, row, sent))
+    f = jax.jit(lambda b: pack.sum_home_rows(b, row, sent))
     cuda = f.trace(buffer).lower(lowering_platforms=("cuda",)).as_text()
     assert ("mok_home_sum" in cuda) == kernel
     assert "mok_home_sum" not in f.lower(buffer).as_text()
     np.testing.assert_array_equal(np.asarray(f(buffer)),
-                                  np.asarray(sharding._home_sum_xla(buffer, row, sent)))
+                                  np.asarray(pack.home_sum_xla(buffer, row, sent)))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,hidden", [(jnp.bfloat16, 64), (jnp.float32, 36)])
-def test_home_sum_kernel_equals_xla_bitwise(monkeypatch, dtype, hidden):
+def test_home_sum_kernel_equals_xla_bitwise(dtype, hidden):
     """On a GPU: mok_home_sum gives the XLA reduction's bits (same float32 adds, same order)."""
-    monkeypatch.setenv("JAX_MOK_HOME_SUM", "kernel")
     buffer, row, sent = _home_sum_case(dtype, hidden)
     gpu = jax.devices("gpu")[0]
     buffer, row, sent = (jax.device_put(a, gpu) for a in (buffer, row, sent))
-    f = jax.jit(lambda b: sharding._sum_home_rows(b, row, sent))
+    f = jax.jit(lambda b: pack.sum_home_rows(b, row, sent))
     assert "mok_home_sum" in f.lower(buffer).as_text()
     got = np.asarray(f(buffer))
-    want = np.asarray(jax.jit(lambda b: sharding._home_sum_xla(b, row, sent))(buffer))
+    want = np.asarray(jax.jit(lambda b: pack.home_sum_xla(b, row, sent))(buffer))
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

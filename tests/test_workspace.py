@@ -1,4 +1,4 @@
-"""jax_mok.workspace on the CPU: sizing, error messages, selection reasons, fingerprints."""
+"""jax_mok.ep.workspace on the CPU: sizing, error messages, selection reasons, fingerprints."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import pytest
 
 import jax_mok
-from jax_mok import testing, workspace
-from jax_mok.workspace import WorkspaceSpec
+from jax_mok import testing
+from jax_mok.ep import workspace
+from jax_mok.ep.workspace import WorkspaceSpec
 
 
 def _config(**kw):
@@ -59,11 +60,40 @@ def test_spec_errors_name_the_values():
     spec.check_fits(1 << 30)
 
 
-def test_limit_from_environment(monkeypatch):
-    spec = WorkspaceSpec(2, 128, 64, 2, "float32")
-    monkeypatch.setenv("JAX_MOK_PEER_WORKSPACE_LIMIT", "1024")
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_limit_from_the_tuning(monkeypatch, how):
+    """PeerTuning.workspace_limit_bytes (argument, or JAX_MOK_TUNING) reaches the workspace's
+    size check of a moe call (availability faked: the check comes before any allocation)."""
+    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
+    mesh = jax.sharding.Mesh(jax.devices("cpu")[:1], ("expert",))
+    params = testing.random_params(jax.random.key(0), _config())
+    kw = {}
+    if how == "argument":
+        kw["tuning"] = jax_mok.Tuning(peer=jax_mok.PeerTuning(workspace_limit_bytes=1024))
+    else:
+        monkeypatch.setenv("JAX_MOK_TUNING", "workspace_limit_bytes=1024")
     with pytest.raises(ValueError, match="limit of 1024 bytes"):
-        spec.check_fits()
+        jax_mok.moe(jnp.ones((8, 32)), params, mesh=mesh, transport="peer", **kw)
+
+
+class _Constants:
+    def __init__(self, **values):
+        self.values = values
+
+    def workspace_constants(self):
+        return self.values
+
+
+def test_extension_constants_must_agree():
+    """The CUDA extension's workspace_constants() against this module's sizes, by name."""
+    workspace.check_extension_constants(object())  # an extension without the report: nothing
+    workspace.check_extension_constants(_Constants(kSignalBytes=workspace.SIGNAL_BYTES,
+                                                   kMaxRanks=workspace.MAX_EP,
+                                                   kAreas=workspace.AREAS, kOther=3))
+    with pytest.raises(RuntimeError, match=r"areas: Python 4, extension 5"):
+        workspace.check_extension_constants(_Constants(signal_bytes=4096, areas=5))
+    with pytest.raises(RuntimeError, match="name none of"):
+        workspace.check_extension_constants(_Constants(unrelated=1))
 
 
 def test_fingerprint_mismatch_names_fields():
@@ -130,7 +160,7 @@ _TWO_PROCESS = textwrap.dedent("""
     pid, port, hidden = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     import jax_mok
-    from jax_mok import workspace
+    from jax_mok.ep import workspace
     cfg = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=hidden, ffn_size=16)
     spec = workspace.WorkspaceSpec.for_call(cfg, 64, 128, 2, "float32")
     try:

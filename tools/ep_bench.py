@@ -31,12 +31,12 @@ combine carries no ids / weights, so ``2 * exchange`` slightly overstates the co
 1.0 would be communication and compute fully overlapped with no glue (routing, packing, the
 combine's reduction); running them one after the other gives about
 (compute + 2 * exchange + glue) / max(...). Balanced records only. The glue alone is not measured
-(it would need an identity exchange inside ``jax_mok.sharding``). Every iteration reads the same
+(it would need an identity exchange inside ``jax_mok.ep``). Every iteration reads the same
 inputs (B5 rotates two token sets so that the L2 cannot hold them).
 
 Configs run token-major (the first token count for every shape first); ``--budget-s`` records
-what is left as skipped. Status: run on 2 x H200 on 2026-11-29, both figures and ``--profile``
-at 183807a (BENCHMARKS.md, expert-parallel table).
+what is left as skipped. Tuning comes from ``JAX_MOK_TUNING`` (e.g. ``copy=sm,check=deferred``);
+each record names the fields it sets. Results: BENCHMARKS.md, expert-parallel table.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import time
 
 import jax
@@ -56,7 +55,9 @@ from kernel_timings import median_s  # tools/ is on sys.path when this script ru
 
 import jax_mok
 from benchmarks import problems
-from jax_mok import peer, sharding, testing, workspace
+from jax_mok import testing, tuning
+from jax_mok.ep import peer, workspace
+from jax_mok.ep.layer import shard_map
 from jax_mok.routing import route
 
 _REPS = 10
@@ -125,12 +126,12 @@ def _exchange_ms(mesh, ep: int, rows: int, hidden: int, k: int, ws: int | None) 
         return tuple(jax.lax.all_to_all(v, "expert", 0, 0, tiled=True) for v in abc)
 
     def peer_fn(abc):
-        return peer.dispatch(*abc, ws)
+        return peer.dispatch(*abc, ws, tuning.resolve().peer)
 
     fns = {"xla": xla_fn} if ws is None else {"peer": peer_fn, "xla": xla_fn}
     sent = (ep - 1) * rows * (hidden * 2 + 8 * k)  # bytes each GPU sends off-device
     out = {"bytes_per_direction": sent}
-    wrap = lambda f: sharding._shard_map(f, mesh, (spec,), spec)  # the loop runs per device
+    wrap = lambda f: shard_map(f, mesh, (spec,), spec)  # the loop runs per device
     for name, fn in fns.items():
         _time(out, name, _programs(fn, _first_elements, wrap), (x, ids, w))
         out[f"{name}_GBps"] = sent / (out[f"{name}_ms"] * 1e-3) / 1e9
@@ -317,15 +318,11 @@ def main() -> None:
                     "platform": args.platform,
                     # sync (default): each peer call ends in a host sync that reports a timeout
                     # from that call; deferred: reported at the next call (ep_handlers.cu)
-                    "peer_check": os.environ.get("JAX_MOK_PEER_CHECK", "sync"),
+                    "peer_check": tuning.resolve().peer.check,
                     "router_precision": args.router_precision,
-                    # kernel switches set for this run (gpu_check_ep.sh EP_ALSO), if any
-                    "switches": {
-                        k: v
-                        for k, v in sorted(os.environ.items())
-                        if k.startswith(("JAX_MOK_CUDA_", "JAX_MOK_PEER_", "JAX_MOK_HOME_SUM"))
-                        and k not in ("JAX_MOK_PEER_CHECK", "JAX_MOK_PEER_TIMEOUT_MS")
-                    },
+                    # tuning fields JAX_MOK_TUNING sets for this run (gpu_check_ep.sh EP_ALSO)
+                    "switches": {k: v for k, v in sorted((tuning.read("JAX_MOK_TUNING")
+                                                          or {}).items()) if k != "check"},
                 }
                 elapsed = time.perf_counter() - t_start
                 if elapsed > args.budget_s:
@@ -359,7 +356,9 @@ def main() -> None:
                     spec = workspace.WorkspaceSpec.for_call(
                         config, tokens, ep * tokens, ep, jnp.bfloat16
                     )
-                    ws = workspace.workspace_for(mesh, "expert", spec, config) if ok else None
+                    ws = workspace.workspace_for(
+                        mesh, "expert", spec, config,
+                        limit_bytes=tuning.resolve().peer.workspace_limit_bytes) if ok else None
                     try:
                         record["exchange"] = _exchange_ms(
                             mesh, ep, spec.rows, shape.hidden, shape.top_k, ws

@@ -86,7 +86,7 @@ run_profile() {
   step "per-phase device times (JAX_MOK_CUDA_PROFILE=1, one fwd+bwd per shape, saved h)"
   JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 tools/kernel_timings.py profile \
     2>&1 | tee "$OUT/profile.txt"
-  if [ -n "${PROFILE_ALSO:-}" ]; then  # e.g. PROFILE_ALSO="JAX_MOK_CUDA_STAGED_STORES=1"
+  if [ -n "${PROFILE_ALSO:-}" ]; then  # e.g. PROFILE_ALSO="JAX_MOK_TUNING=pregather_x=1"
     step "per-phase device times again with $PROFILE_ALSO"
     env $PROFILE_ALSO JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} \
       python3 tools/kernel_timings.py profile > "$OUT/profile_also.txt" 2>&1

@@ -6,24 +6,26 @@
 #   smoke: build, probe, exchange == all_to_all; tests: + multigpu tests; bench: build, probe,
 #   tools/ep_bench.py and B5 (benchmarks.ep_torch, PyTorch NCCL all_to_all_single + B3 compute;
 #   EP_B5=0 skips it, B5_TIMEOUT / B5_BUDGET_S bound it, B5_ARGS replaces EP_BENCH_ARGS for it);
-#   EP_DEFERRED=0 skips the S1 / 8192 rerun with JAX_MOK_PEER_CHECK=deferred (no host sync per
-#   peer call); EP_ALSO="VAR=value ...[;VAR=value ...]" reruns S1 / 8192 once per ';'-separated
-#   set of variables (e.g. "JAX_MOK_PEER_FUSED=0;JAX_MOK_PEER_UNROLL=4"); EP_INNER (20): in-program repetitions of each ep_bench timing; EP_PROFILE=1: a profiler
+#   EP_DEFERRED=0 skips the S1 / 8192 rerun with the tuning check=deferred (no host sync per
+#   peer call); EP_ALSO="key=value,...[;key=value,...]" reruns S1 / 8192 once per ';'-separated
+#   JAX_MOK_TUNING setting (e.g. "copy=sm;copy=sm,ctas_per_sm=4"); EP_INNER (20): in-program
+#   repetitions of each ep_bench timing; EP_PROFILE=1: a profiler
 #   trace of each transport's layer per balanced config (device time per XLA op and kernel:
 #   tools/device_profile.py); the EP table is printed last;
 #   full: everything (more than one 600-s device call: split it).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticast*.
 # The peer workspace lives outside XLA's pool: XLA_PYTHON_CLIENT_MEM_FRACTION=0.8 leaves room.
 # JAX_MOK_CUDA_DEBUG_SYNC stays off here: a host sync per launch could itself serialize the two
-# devices if XLA launched them from one thread (the smoke runs both JAX_MOK_PEER_CHECK modes).
-# Run on nvidia-h200-x2 on 2026-11-29 (BENCHMARKS.md, expert-parallel table).
+# devices if XLA launched them from one thread (the smoke runs both check modes).
+# Every run sets JAX_MOK_TUNING="$TUNING_BASE[,...]" (peer calls time out after 5 s here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 MODE=${1:-full}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.8}
-export JAX_MOK_PEER_TIMEOUT_MS=${JAX_MOK_PEER_TIMEOUT_MS:-5000}
+TUNING_BASE=${TUNING_BASE:-timeout_ms=5000}
+export JAX_MOK_TUNING=$TUNING_BASE
 # The device copy's .git is the session's first commit: pass JAX_MOK_GIT_COMMIT=<sha> so that the
 # records (ep_bench, B5) name the tree that ran.
 export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -50,7 +52,7 @@ step "peer probe"
 timeout 120 python3 - <<'PY' 2>&1 | tee "$OUT/probe.txt"
 import jax, numpy as np
 import jax_mok._mok_cuda as m
-from jax_mok import workspace
+from jax_mok.ep import workspace
 print("registrations:", sorted(m.registrations()))
 n = len(jax.devices("gpu"))
 for a in range(n):
@@ -65,29 +67,29 @@ PY
 
 TEST_RC=0
 if [ "$MODE" = bw ]; then
-  # The exchange's bandwidth over chunk sizes, once per kernel setting (knobs are read once per
-  # process). BW_SETS: ';'-separated sets of variables; BW_SIZES: tools/peer_bw.py --sizes.
-  # Copy engines (the default), then the kernel's SM stores and their knobs.
-  D=JAX_MOK_PEER_CHECK=deferred SM="JAX_MOK_PEER_CHECK=deferred JAX_MOK_PEER_COPY=sm"
-  IFS=';' read -ra bw_sets <<< "${BW_SETS:-$D;$SM;$SM JAX_MOK_PEER_UNROLL=4;$SM JAX_MOK_PEER_CTAS_PER_SM=4;$SM JAX_MOK_PEER_CTAS_PER_SM=1}"
+  # The exchange's bandwidth over chunk sizes, once per tuning. BW_SETS: ';'-separated
+  # JAX_MOK_TUNING settings; BW_SIZES: tools/peer_bw.py --sizes. Copy engines (the default),
+  # then the kernel's SM stores and their grid.
+  D=check=deferred SM=check=deferred,copy=sm
+  IFS=';' read -ra bw_sets <<< "${BW_SETS:-$D;$SM;$SM,ctas_per_sm=4;$SM,ctas_per_sm=1}"
   for set in "${bw_sets[@]}"; do
     step "peer exchange bandwidth with $set"
-    env $set timeout ${BW_TIMEOUT:-120} python3 tools/peer_bw.py --out "$OUT/bw.jsonl" \
-      ${BW_SIZES:+--sizes $BW_SIZES} 2>&1 | grep -v "^WARNING" | tail -12
+    JAX_MOK_TUNING="$TUNING_BASE,$set" timeout ${BW_TIMEOUT:-120} python3 tools/peer_bw.py \
+      --out "$OUT/bw.jsonl" ${BW_SIZES:+--sizes $BW_SIZES} 2>&1 | grep -v "^WARNING" | tail -12
   done
   exit 0
 fi
 if [ "$MODE" != bench ]; then
-step "smoke: peer.dispatch / combine == all_to_all path (each check mode, and the tuned exchange)"
-# Copy engines are the default; the exchange kernel's own stores (JAX_MOK_PEER_COPY=sm) and its
-# tuned variant (UNROLL=4, which only matters for them) are smoked too.
-for variant in "JAX_MOK_PEER_CHECK=sync" "JAX_MOK_PEER_CHECK=deferred" \
-    "JAX_MOK_PEER_CHECK=sync JAX_MOK_PEER_COPY=sm" \
-    "JAX_MOK_PEER_CHECK=sync JAX_MOK_PEER_COPY=sm JAX_MOK_PEER_UNROLL=4"; do
-  env $variant timeout ${SMOKE_TIMEOUT:-120} python3 - <<'PY' 2>&1 | tail -15
-import os, jax, jax.numpy as jnp, numpy as np
+step "smoke: peer.dispatch / combine == all_to_all path (each check mode, SM stores)"
+# Copy engines are the default; the exchange kernel's own stores (copy=sm) are smoked too.
+for variant in check=sync check=deferred check=sync,copy=sm; do
+  JAX_MOK_TUNING="$TUNING_BASE,$variant" timeout ${SMOKE_TIMEOUT:-120} python3 - <<'PY' 2>&1 | tail -15
+import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
-from jax_mok import peer, sharding, workspace
+from jax_mok import tuning
+from jax_mok.ep import peer, workspace
+from jax_mok.ep.layer import shard_map
+t = tuning.resolve().peer
 gpus = jax.devices("gpu"); ep = len(gpus)
 mesh = jax.sharding.Mesh(np.array(gpus), ("expert",))
 spec = workspace.WorkspaceSpec(ep, 64, 256, 4, "bfloat16")
@@ -98,23 +100,21 @@ x = jax.random.normal(k[0], (ep * ep, 64, 256), jnp.bfloat16)
 ids = jax.random.randint(k[1], (ep * ep, 64, 4), -1, 8, jnp.int32)
 w = jax.random.uniform(k[2], (ep * ep, 64, 4))
 a2a = lambda a, b, c: tuple(jax.lax.all_to_all(v, "expert", 0, 0, tiled=True) for v in (a, b, c))
-pf = jax.jit(sharding._shard_map(lambda a, b, c: peer.dispatch(a, b, c, ws), mesh, (s,) * 3, (s,) * 3))
-xf = jax.jit(sharding._shard_map(a2a, mesh, (s,) * 3, (s,) * 3))
+pf = jax.jit(shard_map(lambda a, b, c: peer.dispatch(a, b, c, ws, t), mesh, (s,) * 3, (s,) * 3))
+xf = jax.jit(shard_map(a2a, mesh, (s,) * 3, (s,) * 3))
 want = xf(x, ids, w)
 for i in range(4):  # back-to-back: epochs and halves alternate
     got = pf(x, ids, w)
     ok = all(np.array_equal(np.asarray(g), np.asarray(v)) for g, v in zip(got, want))
-    print(os.environ["JAX_MOK_PEER_CHECK"], "unroll", os.environ.get("JAX_MOK_PEER_UNROLL", "1"),
-          "dispatch call", i, "bitwise equal to all_to_all:", ok)
+    print(t, "dispatch call", i, "bitwise equal to all_to_all:", ok)
 home = jnp.tile(jnp.arange(64, dtype=jnp.int32)[:, None], (ep, ep))  # [ep*64, ep]
-cf = jax.jit(sharding._shard_map(lambda r, h: peer.combine(r, h, ws), mesh, (s, s), s))
+cf = jax.jit(shard_map(lambda r, h: peer.combine(r, h, ws, peer=t), mesh, (s, s), s))
 def ref(r, h):
     back = jax.lax.all_to_all(r, "expert", 0, 0, tiled=True)
     return back.astype(jnp.float32).sum(0)
-rf = jax.jit(sharding._shard_map(ref, mesh, (s, s), s))
+rf = jax.jit(shard_map(ref, mesh, (s, s), s))
 rows = x[:, :, :]
-print(os.environ["JAX_MOK_PEER_CHECK"], "unroll", os.environ.get("JAX_MOK_PEER_UNROLL", "1"),
-      "combine equal:",
+print(t, "combine equal:",
       np.array_equal(np.asarray(cf(rows, home)), np.asarray(rf(rows, home))))
 PY
 done
@@ -131,14 +131,14 @@ fi
 step "EP benchmark (B4 = transport xla vs peer)"
 timeout ${BENCH_TIMEOUT:-420} python3 tools/ep_bench.py --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} ${EP_PROFILE:+--profile} \
   ${EP_BENCH_ARGS:---shapes S1,S2 --tokens 4096,8192,16384 --expert-scale 1} 2>&1 | tail -30
-rerun_s1() {  # S1 / 8192 once more with the variables "$1" set
+rerun_s1() {  # S1 / 8192 once more with the tuning "$1" (JAX_MOK_TUNING keys)
   step "EP benchmark, S1 8192, with $1"
-  env $1 timeout ${DEFERRED_TIMEOUT:-150} python3 tools/ep_bench.py \
+  JAX_MOK_TUNING="$TUNING_BASE,$1" timeout ${DEFERRED_TIMEOUT:-150} python3 tools/ep_bench.py \
     --out "$OUT/ep.jsonl" --inner ${EP_INNER:-20} --shapes S1 --tokens 8192 --reps 5 2>&1 | tail -4
 }
 # The default check mode syncs the host after every peer call; what does that cost?
-[ "${EP_DEFERRED:-1}" = 1 ] && rerun_s1 "JAX_MOK_PEER_CHECK=deferred"
-# EP_ALSO="A=1 B=2;C=3": one rerun per ';'-separated set
+[ "${EP_DEFERRED:-1}" = 1 ] && rerun_s1 "check=deferred"
+# EP_ALSO="copy=sm;copy=sm,ctas_per_sm=4": one rerun per ';'-separated tuning
 if [ -n "${EP_ALSO:-}" ]; then
   IFS=';' read -ra also_sets <<< "$EP_ALSO"
   for set in "${also_sets[@]}"; do rerun_s1 "$set"; done

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 
 from benchmarks.ceilings import _jax_matmul
 from benchmarks.timing import time_steps
-from jax_mok import autodiff, testing
+from jax_mok import testing
+from jax_mok.kernels import autodiff
 
 UNIQUE = 8
 

@@ -5,30 +5,28 @@
 One record per size ``HxR`` (hidden x rows per (source, destination) chunk, bf16, k = 8): the
 in-program time of one staged dispatch exchange (``peer.dispatch``: push into the peer, flag,
 wait, copy out) and of ``lax.all_to_all`` on the same ``[EP, R, H]`` rows, ``[EP, R, k]`` ids
-and weights, with GB/s per direction (``tools/ep_bench.py``'s ``_exchange_ms``). The kernel's
-knobs are environment variables read once per process, so ``tools/gpu_check_ep.sh bw`` runs this
-script once per setting (``JAX_MOK_PEER_COPY``: copy engines, the default, or ``sm`` stores, and
-for those ``JAX_MOK_PEER_UNROLL``, ``JAX_MOK_PEER_CTAS_PER_SM``; ``JAX_MOK_PEER_CHECK``); every
-record names the settings it ran with.
+and weights, with GB/s per direction (``tools/ep_bench.py``'s ``_exchange_ms``). The exchange's
+tuning comes from ``JAX_MOK_TUNING`` (``copy``: copy engines, the default, or ``sm`` stores;
+``ctas_per_sm``; ``check``); ``tools/gpu_check_ep.sh bw`` runs this script once per setting and
+every record names the tuning fields it set.
 
-Why: on 2 x H200 (2026-11-30, BENCHMARKS.md) the exchange ran at 75-95 GB/s in-program for
-chunks up to 34 MB and at 50-150 GB/s above ~60 MB (S1 at 16384 tokens: 49.5 GB/s), where plain
-remote stores reach 369 GB/s in one direction (../shared/DEVICE.md). The default sizes bracket
-that step. Status: written 2026-11-30; not run on a GPU yet (2026-11-30, sixth session).
+Why: on 2 x H200 (BENCHMARKS.md) the exchange ran at 75-95 GB/s in-program for chunks up to
+34 MB and at 50-150 GB/s above ~60 MB (S1 at 16384 tokens: 49.5 GB/s), where plain remote stores
+reach 369 GB/s in one direction (../shared/DEVICE.md). The default sizes bracket that step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import ep_bench  # tools/ is on sys.path when this script runs
 import jax
 import numpy as np
 
-from jax_mok import workspace
+from jax_mok import tuning
+from jax_mok.ep import workspace
 
 DEFAULT_SIZES = "2048x4096,2048x8192,2048x12288,2048x16384,7168x2048,7168x4096,7168x8192"
 
@@ -63,15 +61,16 @@ def main() -> None:
     ok, reason = workspace.peer_transport_available(mesh, "expert")
     if not ok:
         raise SystemExit(f"peer transport not available: {reason}")
-    knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("JAX_MOK_PEER_")}
+    knobs = dict(sorted((tuning.read("JAX_MOK_TUNING") or {}).items()))
+    limit = tuning.resolve().peer.workspace_limit_bytes
     t0 = time.time()
     with open(args.out, "a") as f:
         for hidden, rows in sizes:
             spec = workspace.WorkspaceSpec(ep, rows, hidden, args.top_k, "bfloat16")
-            ws = workspace.workspace_for(mesh, "expert", spec)
+            ws = workspace.workspace_for(mesh, "expert", spec, limit_bytes=limit)
             rec = {"hidden": hidden, "rows": rows, "ep": ep, "top_k": args.top_k,
                    "inner": args.inner, "knobs": knobs,
-                   "commit": os.environ.get("JAX_MOK_GIT_COMMIT", "unknown")}
+                   "commit": tuning.read("JAX_MOK_GIT_COMMIT") or "unknown"}
             rec.update(ep_bench._exchange_ms(mesh, ep, rows, hidden, args.top_k, ws))
             f.write(json.dumps(rec) + "\n")
             f.flush()
