@@ -229,7 +229,7 @@ class ShapeRunner:
         from benchmarks import peers_jax, problems
 
         if item["impl"] == "jax_mok":
-            from jax_mok import _ffi
+            from jax_mok.kernels import _ffi
 
             module = _ffi.cuda_module() if self.platform == "gpu" else _ffi.cpu_module()
             if module is None:
