@@ -28,10 +28,11 @@ import numpy as np
 
 from jax_mok.tuning import GEMMS, KernelTuning, PeerTuning
 
-# Until the extensions bind the tuning attributes, a call that passes them fails with an
-# attribute error; False makes attributes() return {} so that the rest of the package can be
-# tested against such a build.
-_ATTRIBUTES_BOUND = False
+# True: every call carries its tuning attributes, which the extensions' handlers bind
+# (docs/ffi-contract.md). An extension built before they existed rejects them with an attribute
+# error; False makes attributes() return {} (the tuning then does not reach the kernels) only to
+# test the rest of the package against such a build.
+_ATTRIBUTES_BOUND = True
 
 KERNEL_TARGETS = ("mok_moe_fwd", "mok_moe_fwd_train", "mok_moe_bwd", "mok_moe_bwd_saved")
 STAGED_PEER_TARGETS = ("mok_ep_dispatch", "mok_ep_combine")
