@@ -7,6 +7,7 @@ program traces, differentiates and lowers with the peer targets in place of ever
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -187,6 +188,40 @@ def test_values_and_gradients_equal_xla_transport(dtype, capacity_factor):
     np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
     assert int(aux1["dropped_tokens"]) == int(aux0["dropped_tokens"])
     for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
+                                 strict=True):
+        err = testing.rel_error(got, want)
+        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+
+
+@pytest.mark.multigpu
+def test_single_device_step_then_peer_step():
+    """Issue #18's sequence, in one process: a float32 training step on one GPU without a mesh,
+    then the same step with the experts over a 2-GPU ("expert",) mesh and transport="peer". It
+    timed out in the peer backward (rank 0 waiting for rank 1) when the single-device step ran
+    first; both steps must agree with each other."""
+    config = jax_mok.MoEConfig(num_experts=16, top_k=4, hidden_size=512, ffn_size=256)
+    params = testing.random_params(jax.random.key(3), config, jnp.float32)
+    x = jax.random.normal(jax.random.key(4), (2048, 512), jnp.float32)
+    c = jax.random.normal(jax.random.key(5), (2048, 512), jnp.float32)
+
+    def loss(x, p, **kw):
+        return jnp.sum(jax_mok.moe(x, p, **kw) * c)
+
+    single = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    v0, (dx0, dp0) = jax.block_until_ready(single(x, params))
+    mesh = _gpu_mesh()
+    experts = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("expert"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    placed = jax.tree.map(lambda a: jax.device_put(a, replicated), params)
+    placed = dataclasses.replace(placed, w_gate_up=jax.device_put(params.w_gate_up, experts),
+                                 w_down=jax.device_put(params.w_down, experts))
+    step = jax.jit(jax.value_and_grad(
+        lambda x, p: loss(x, p, mesh=mesh, transport="peer"), argnums=(0, 1)))
+    v1, (dx1, dp1) = jax.block_until_ready(step(x, placed))
+    tol = testing.tolerance(jnp.float32)
+    assert abs(float(v1) - float(v0)) <= tol * abs(float(v0))
+    assert testing.rel_error(dx1, dx0) < tol
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(dp0), jax.tree.leaves(dp1),
                                  strict=True):
         err = testing.rel_error(got, want)
         assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
