@@ -53,6 +53,11 @@ def validate(x, params) -> MoEConfig:
         _expect_shape("shared_down", params.shared_down, (S, H))
     elif params.shared_gate_up is not None or params.shared_down is not None:
         raise ValueError("params has shared-expert weights but config.num_shared_experts == 0")
+    if config.shared_expert_gate:
+        _expect_shape("shared_gate", params.shared_gate, (H, 1))
+    elif params.shared_gate is not None:
+        raise ValueError("params.shared_gate is set but config.shared_expert_gate is False; "
+                         "set shared_expert_gate=True or shared_gate=None")
     for name in ("w_gate_up", "w_down"):
         dtype = getattr(params, name).dtype
         if not jnp.issubdtype(dtype, jnp.floating):
@@ -95,12 +100,22 @@ def default_implementation(dtype=None, config: MoEConfig | None = None) -> str:
     return "reference"
 
 
-def _swiglu_mlp(x2d, gate_up, down):
-    """Dense SwiGLU MLP, f32 accumulation: [T, H] -> [T, H] float32."""
+def _swiglu_mlp(x2d, gate_up, down, gate=None):
+    """Dense SwiGLU MLP, f32 accumulation: [T, H] -> [T, H] float32.
+
+    ``gate [H, 1]`` (the shared-expert gate, or None) scales each token's output by
+    ``sigmoid(x @ gate)``, computed in float32.
+    """
     h = jnp.dot(x2d, gate_up.astype(x2d.dtype), preferred_element_type=jnp.float32)
     S = down.shape[0]
     a = jax.nn.silu(h[:, :S]) * h[:, S:]
-    return jnp.dot(a.astype(x2d.dtype), down.astype(x2d.dtype), preferred_element_type=jnp.float32)
+    out = jnp.dot(a.astype(x2d.dtype), down.astype(x2d.dtype),
+                  preferred_element_type=jnp.float32)
+    if gate is not None:
+        logit = jnp.dot(x2d.astype(jnp.float32), gate.astype(jnp.float32),
+                        precision=jax.lax.Precision.HIGHEST)  # [T, 1]
+        out = out * jax.nn.sigmoid(logit)
+    return out
 
 
 def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
@@ -159,7 +174,7 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         save_activations=config.save_activations,
     )
     if config.shared_size:
-        shared = _swiglu_mlp(x2d, params.shared_gate_up, params.shared_down)
+        shared = _swiglu_mlp(x2d, params.shared_gate_up, params.shared_down, params.shared_gate)
         y = (y.astype(jnp.float32) + shared).astype(x.dtype)
     y = y.reshape(*lead, config.hidden_size)
     if return_aux:

@@ -12,6 +12,32 @@ import jax.numpy as jnp
 from jax_mok.routing import DROPPED, rank_in_group
 
 
+@jax.custom_vjp
+def _zero_nonfinite_experts(w: jax.Array, finite: jax.Array) -> jax.Array:
+    """``w [E, ...]`` with every expert whose ``finite [E]`` is False set to zero.
+
+    The cotangent passes through unchanged (also for zeroed experts): their rows are made NaN by
+    the caller, so their weight gradients come out NaN, as with the kernels.
+    """
+    return jnp.where(finite.reshape((-1,) + (1,) * (w.ndim - 1)), w, jnp.zeros((), w.dtype))
+
+
+def _zero_nonfinite_fwd(w, finite):
+    return _zero_nonfinite_experts(w, finite), finite
+
+
+def _zero_nonfinite_bwd(finite, g):
+    return g, jnp.zeros(finite.shape, jax.dtypes.float0)
+
+
+_zero_nonfinite_experts.defvjp(_zero_nonfinite_fwd, _zero_nonfinite_bwd)
+
+
+def _finite_experts(w: jax.Array) -> jax.Array:
+    """``[E]`` bool: every weight of the expert is finite."""
+    return jnp.isfinite(w).all(axis=tuple(range(1, w.ndim)))
+
+
 def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
                    w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
     """``y [T, H] = sum_j w[t, j] * SwiGLU_{ids[t, j]}(x_t)`` in float32, cast to x's dtype.
@@ -20,6 +46,12 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
     ``topk_weights [T, k]`` float32, ``w_gate_up [E, H, 2F]``, ``w_down [E, F, H]``. GEMM operands
     keep x's dtype with float32 accumulation (the activation is rounded to x's dtype before the
     down GEMM, as the kernels do).
+
+    Non-finite expert weights reach only that expert's rows, as in the kernels: ``ragged_dot``
+    may run as dense products over every group with non-member rows zeroed (XLA:CPU and GPU do),
+    where ``0 * NaN`` would spread one expert's NaN to every token. Such experts are therefore
+    zeroed for the GEMMs and their rows' GEMM outputs multiplied by NaN instead (finite experts'
+    rows by exactly 1, so finite results are unchanged).
     """
     T, k = topk_ids.shape
     E, _, two_f = w_gate_up.shape
@@ -30,14 +62,26 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
     order = jnp.argsort(sort_key, stable=True)
     group_sizes = jnp.bincount(sort_key, length=E + 1)[:E].astype(jnp.int32)
     rows = x2d[order // k]  # [T*k, H]
+    row_expert = sort_key[order]  # [T*k], E for skipped rows
+
+    def poison(w):  # (w with non-finite experts zeroed, [T*k, 1] f32 row factor: 1 or NaN)
+        finite = _finite_experts(w)
+        finite_row = jnp.concatenate([finite, jnp.ones((1,), bool)])[row_expert]
+        factor = jnp.where(finite_row, 1.0, jnp.nan).astype(jnp.float32)[:, None]
+        return _zero_nonfinite_experts(w, finite), factor
+
+    w_gate_up, gate_up_factor = poison(w_gate_up)
+    w_down, down_factor = poison(w_down)
     h = jax.lax.ragged_dot(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32)
+    h = h * gate_up_factor
     a = jax.nn.silu(h[:, :F]) * h[:, F:]  # [T*k, F] f32
     out = jax.lax.ragged_dot(a.astype(x2d.dtype), w_down, group_sizes,
                              preferred_element_type=jnp.float32)  # [T*k, H]
+    out = out * down_factor
     weights = jnp.where(valid, topk_weights.reshape(-1), 0.0)[order]
     contrib = out * weights[:, None]
     unsorted = jnp.zeros_like(contrib).at[order].set(contrib)
-    return unsorted.reshape(T, k, -1).sum(1).astype(x2d.dtype)
+    return unsorted.reshape(T, k, x2d.shape[1]).sum(1).astype(x2d.dtype)
 
 
 def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
@@ -50,7 +94,8 @@ def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax
     on the host. XLA:CPU runs ``ragged_dot`` as one dense product per group (cost linear in E), so
     this form is the fast oracle for large E on the CPU; it is also the benchmarks' peer B2.
     Ids outside ``[0, E)`` are skipped. Returns ``y [T, H]`` in x's dtype (float32 combine, in
-    slot order j = 0..k-1).
+    slot order j = 0..k-1). Non-finite weights of one expert reach only its tokens: padded slots
+    of that expert turn NaN too, but only occupied slots are read back.
     """
     T, k = topk_ids.shape
     E, H, two_f = w_gate_up.shape

@@ -583,7 +583,8 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         spec = workspace.WorkspaceSpec.for_call(config, tokens_local, tokens_global, ep, dtype)
         peer_workspace = workspace.workspace_for(plan.mesh, axis, spec, config)
 
-    def local(x_loc, router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down):
+    def local(x_loc, router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down,
+              shared_gate):
         routing, routed_ids = route(x_loc, router, router_bias, route_config)
         ids = routing.topk_ids
         if config.capacity_factor is not None:
@@ -615,7 +616,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
             back = jax.lax.all_to_all(out, axis, 0, 0, tiled=True)
             y = _home_sum(back, row, sent, token_of_row, padding)  # fixed order, float32
         if config.shared_size:
-            y = y + api._swiglu_mlp(x_loc, shared_gate_up, shared_down)
+            y = y + api._swiglu_mlp(x_loc, shared_gate_up, shared_down, shared_gate)
         y = y.astype(dtype)
         if not return_aux:
             return y, None
@@ -636,13 +637,13 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         local,
         plan.mesh,
         in_specs=(tokens_spec, replicated, replicated, experts_spec, experts_spec,
-                  replicated, replicated),
+                  replicated, replicated, replicated),
         out_specs=(tokens_spec, aux_spec),
     )
     args = (x2d, params.router, params.router_bias, params.w_gate_up, params.w_down,
-            params.shared_gate_up, params.shared_down)
+            params.shared_gate_up, params.shared_down, params.shared_gate)
     specs = (tokens_spec, replicated, replicated, experts_spec, experts_spec, replicated,
-             replicated)
+             replicated, replicated)
     y2d, aux = fn(*(_conform(a, s, plan.mesh) for a, s in zip(args, specs, strict=True)))
     if _explicit(plan.mesh):
         # Give y the layout x had, so the reshape below is the inverse of x's (explicit axes
