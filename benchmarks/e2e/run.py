@@ -105,6 +105,7 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     import functools
 
     import jax
+    import jax.numpy as jnp
     import numpy as np
     import optax
     from flax import nnx
@@ -116,6 +117,13 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     from jax_mok.optim import weight_decay_mask
 
     record = {"variant": variant, "text": m.VARIANT_TEXT[variant], "batch": batch}
+    if variant == "jax_mok":
+        from jax_mok import api
+
+        record["implementation"] = api.default_implementation(jnp.bfloat16, cfg.moe_config())
+        if record["implementation"] == "reference":
+            log("jax_mok: WARNING: the kernels are not built for this backend, so this variant "
+                "runs the reference path (build with nvcc on PATH: pip install -e .)")
     moe_fn = m.moe_fn_for(variant, mesh)
     t0 = time.perf_counter()
     # Built under jit: one compiled initialiser instead of an eager dispatch per weight.
