@@ -68,3 +68,39 @@ def test_e2e_tiny_expert_parallel(tmp_path):
     assert result["expert_parallel"] and result["machine"]["devices"] == 2
     assert list(result["variants"]) == ["jax_mok"]  # padded: single-device only, skipped
     assert result["variants"]["jax_mok"]["status"] == "ok"
+
+
+def test_e2e_out_of_memory_retry_and_cudnn_fallback(tmp_path, monkeypatch):
+    """The driver's recovery paths without compiling anything: an out-of-memory error halves
+    the batch once (--oom-retries 1) and is then reported; a cuDNN attention error switches to
+    XLA attention."""
+    from benchmarks.e2e import run
+
+    calls = []
+
+    def fake_run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
+        calls.append((variant, batch, attention))
+        if variant == "reference":
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+        if attention == "cudnn":
+            raise RuntimeError("INTERNAL: cuDNN attention is not supported for this shape")
+        return {"variant": variant, "status": "ok", "batch": batch, "step_ms_median": 1.0,
+                "tokens_per_s": 1e3, "mfu": 0.1}
+
+    monkeypatch.setattr(run, "run_variant", fake_run_variant)
+    result = run.main(["--tiny", "--layers", "1", "--batch", "8", "--attention", "auto",
+                       "--variants", "jax_mok,reference", "--out", str(tmp_path)])
+    assert calls[:2] == [("jax_mok", 8, None), ("reference", 8, None)]  # CPU: XLA attention
+    assert calls[2] == ("reference", 4, None) and len(calls) == 3
+    assert result["variants"]["reference"]["status"] == "oom"
+    assert result["variants"]["reference"]["oom_batches"] == [8]
+    assert "| reference | 4 | - | - | - | - | oom: RESOURCE_EXHAUSTED" in (
+        tmp_path / "e2e.md").read_text()
+
+    calls.clear()
+    monkeypatch.setattr(run, "_auto_attention", lambda platform: "cudnn")
+    result = run.main(["--tiny", "--layers", "1", "--variants", "jax_mok", "--out",
+                       str(tmp_path)])
+    assert calls == [("jax_mok", 8, "cudnn"), ("jax_mok", 8, "xla")]
+    assert result["attention"] == "xla (cuDNN failed)"
+    assert result["variants"]["jax_mok"]["status"] == "ok"

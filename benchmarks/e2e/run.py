@@ -58,7 +58,7 @@ def parse_args(argv):
                    help="padded variant: capacity = margin x the largest expert count measured "
                         "on the first batch, rounded up to 8; later overflow is dropped and "
                         "reported")
-    p.add_argument("--oom-retries", type=int, default=2, help="halvings of the batch on OOM")
+    p.add_argument("--oom-retries", type=int, default=1, help="halvings of the batch on OOM")
     p.add_argument("--tiny", action="store_true",
                    help="tiny dims for a CPU smoke run (H=64, F=32, E=8, k=2, 2 layers, seq 32)")
     p.add_argument("--out", default="e2e-out", help="output directory")
@@ -78,6 +78,11 @@ def _commit() -> str:
 def _is_oom(err: Exception) -> bool:
     text = str(err)
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def _auto_attention(platform: str) -> str | None:
+    """cuDNN flash attention on a GPU; elsewhere JAX's default (XLA)."""
+    return "cudnn" if platform == "gpu" else None
 
 
 def auto_layers(cfg, variants, tokens, device) -> int:
@@ -235,7 +240,7 @@ def main(argv=None) -> dict:
     layers = (auto_layers(cfg, variants, args.batch * cfg.seq, devices[0])
               if args.layers == "auto" else int(args.layers))
     cfg = dataclasses.replace(cfg, layers=layers)
-    attention = {"auto": "cudnn" if platform == "gpu" else None, "cudnn": "cudnn",
+    attention = {"auto": _auto_attention(platform), "cudnn": "cudnn",
                  "xla": "xla"}[args.attention]
     log("measuring the bf16 matmul ceiling")
     ceiling = ceilings.measure(platform=platform, quick=platform != "gpu", warmup=2, iters=5)
@@ -267,6 +272,13 @@ def main(argv=None) -> dict:
                 break
             except Exception as err:  # noqa: BLE001 - reported in the results, not hidden
                 gc.collect()
+                if (attention == "cudnn" and args.attention == "auto" and not _is_oom(err)
+                        and ("cudnn" in str(err).lower() or "attention" in str(err).lower())):
+                    log(f"{variant}: cuDNN attention failed ({str(err).splitlines()[0][:200]}); "
+                        "falling back to attention 'xla' for this and later variants")
+                    attention = "xla"
+                    result["attention"] = "xla (cuDNN failed)"
+                    continue
                 if _is_oom(err) and len(ooms) < args.oom_retries and batch > 1:
                     ooms.append(batch)
                     log(f"{variant}: out of memory at batch {batch}; retrying at {batch // 2}")
