@@ -269,9 +269,8 @@ def from_hf(state_dict: Mapping[str, Any], hf_config, *, prefix: str = "",
         w_down=expert_array(down.transpose(0, 2, 1)),
         shared_gate_up=None, shared_down=None, shared_gate=None)
     if config.routing == "sigmoid":
-        bias_name = "gate.e_score_correction_bias"
-        fields["router_bias"] = (jnp.asarray(reader.get(bias_name, (E,)), jnp.float32)
-                                 if reader.has(bias_name) else jnp.zeros((E,), jnp.float32))
+        fields["router_bias"] = jnp.asarray(reader.get("gate.e_score_correction_bias", (E,)),
+                                            jnp.float32)
     if S:
         sp = _SHARED_PREFIX[kind]
         g = reader.get(sp + "gate_proj.weight", (S, H))
@@ -327,8 +326,9 @@ def to_hf(params: MoEParams, hf_config, *, layout: str = "hub", prefix: str = ""
         return a if dtype is None else a.astype(jnp.dtype(dtype))
 
     out = {"gate.weight": host(params.router).T}
-    if kind == "deepseek_v3":
-        out["gate.e_score_correction_bias"] = np.asarray(params.router_bias, np.float32)
+    if kind == "deepseek_v3":  # no bias in params is a zero bias
+        bias = params.router_bias if params.router_bias is not None else np.zeros(E)
+        out["gate.e_score_correction_bias"] = np.asarray(bias, np.float32)
     w_gate_up = host(params.w_gate_up).transpose(0, 2, 1)  # [E, 2F, H]
     w_down = host(params.w_down).transpose(0, 2, 1)  # [E, H, F]
     if layout == "fused":

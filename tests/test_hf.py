@@ -273,6 +273,11 @@ def test_state_dict_errors():
     with pytest.raises(ValueError, match="is float8_e4m3fn but has no"):
         hf.from_hf(dict(sd, **{"gate.weight": sd["gate.weight"].astype(
             ml_dtypes.float8_e4m3fn)}), cfg)
+    ds = CONFIGS["deepseek_v3"]
+    ds_sd = _random_fused(ds, seed=2)
+    del ds_sd["gate.e_score_correction_bias"]
+    with pytest.raises(KeyError, match="no 'gate.e_score_correction_bias'"):
+        hf.from_hf(ds_sd, ds)
     with pytest.raises(TypeError, match="state_dict must be a mapping"):
         hf.from_hf(list(sd.items()), cfg)
     # Names outside the prefix (the rest of a model) are ignored.
