@@ -16,8 +16,8 @@ from jax_mok.routing import DROPPED, rank_in_group
 def _zero_nonfinite_experts(w: jax.Array, finite: jax.Array) -> jax.Array:
     """``w [E, ...]`` with every expert whose ``finite [E]`` is False set to zero.
 
-    The cotangent passes through unchanged (also for zeroed experts): their rows are made NaN by
-    the caller, so their weight gradients come out NaN, as with the kernels.
+    The cotangent passes through unchanged (also for zeroed experts): the caller makes their rows
+    NaN, so their weight gradients come out NaN rather than a misleading zero.
     """
     return jnp.where(finite.reshape((-1,) + (1,) * (w.ndim - 1)), w, jnp.zeros((), w.dtype))
 
@@ -48,8 +48,8 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
     down GEMM, as the kernels do).
 
     Non-finite expert weights reach only that expert's rows, as in the kernels: ``ragged_dot``
-    may run as dense products over every group with non-member rows zeroed (XLA:CPU and GPU do),
-    where ``0 * NaN`` would spread one expert's NaN to every token. Such experts are therefore
+    may run as dense products over every group with non-member rows zeroed (XLA:CPU does), where
+    ``0 * NaN`` would spread one expert's NaN to every token. Such experts are therefore
     zeroed for the GEMMs and their rows' GEMM outputs multiplied by NaN instead (finite experts'
     rows by exactly 1, so finite results are unchanged).
     """
