@@ -4,7 +4,7 @@ The layers, bottom-up (docs/architecture.md): ``config``, ``params``, ``tuning``
 -> ``reference`` -> ``kernels`` -> ``ep`` -> ``api`` -> ``nnx`` / ``linen``.
 """
 
-from jax_mok import ep, reference, routing, sharding, tuning
+from jax_mok import ep, hf, optim, reference, routing, sharding, tuning
 from jax_mok.api import moe
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams, init_params
@@ -13,4 +13,4 @@ from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
 __version__ = "0.1.0"
 
 __all__ = ["KernelTuning", "MoEConfig", "MoEParams", "PeerTuning", "Tuning", "__version__", "ep",
-           "init_params", "moe", "reference", "routing", "sharding", "tuning"]
+           "hf", "init_params", "moe", "optim", "reference", "routing", "sharding", "tuning"]

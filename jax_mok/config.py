@@ -29,6 +29,9 @@ class MoEConfig:
       num_shared_experts: always-on experts, fused into one SwiGLU MLP of width
         ``num_shared_experts * shared_ffn_size``.
       shared_ffn_size: width of one shared expert (defaults to ``ffn_size``).
+      shared_expert_gate: scale the shared expert's output per token by
+        ``sigmoid(x @ shared_gate)`` (Qwen2-MoE; ``MoEParams.shared_gate [H, 1]``, float32).
+        Needs ``num_shared_experts >= 1``.
       capacity_factor: ``None`` is dropless. Otherwise each expert keeps at most
         ``ceil(capacity_factor * T * k / E)`` assignments, earliest tokens first.
       activation: only ``"swiglu"`` today.
@@ -54,6 +57,7 @@ class MoEConfig:
     topk_group: int | None = None
     num_shared_experts: int = 0
     shared_ffn_size: int | None = None
+    shared_expert_gate: bool = False
     capacity_factor: float | None = None
     activation: str = "swiglu"
     save_activations: bool | None = None
@@ -127,6 +131,16 @@ class MoEConfig:
                     "MoEConfig.shared_ffn_size is set but num_shared_experts is 0; "
                     "set num_shared_experts >= 1 or leave shared_ffn_size=None"
                 )
+        if not isinstance(self.shared_expert_gate, bool):
+            raise ValueError(
+                "MoEConfig.shared_expert_gate must be True or False, "
+                f"got {self.shared_expert_gate!r}"
+            )
+        if self.shared_expert_gate and self.num_shared_experts == 0:
+            raise ValueError(
+                "MoEConfig.shared_expert_gate=True gates the shared expert, but "
+                "num_shared_experts is 0; set num_shared_experts >= 1"
+            )
         if self.save_activations not in (None, True, False):
             raise ValueError(
                 "MoEConfig.save_activations must be None, True or False, "

@@ -42,7 +42,8 @@ class MoE(nn.Module):
 
     Same variables, shapes and logical names as :class:`jax_mok.nnx.MoE`: ``router [H, E]``
     (embed, None), ``w_gate_up [E, H, 2F]`` (expert, embed, mlp), ``w_down [E, F, H]`` (expert,
-    mlp, embed), ``shared_gate_up [H, 2S]`` / ``shared_down [S, H]``; ``router_bias [E]`` lives in
+    mlp, embed), ``shared_gate_up [H, 2S]`` / ``shared_down [S, H]``, ``shared_gate [H, 1]``
+    (embed, None) when ``config.shared_expert_gate``; ``router_bias [E]`` lives in
     the ``"router_bias"`` collection.
 
     Attributes:
@@ -88,11 +89,14 @@ class MoE(nn.Module):
             shared_gate_up = param("shared_gate_up", DENSE_INIT, (H, 2 * S), self.param_dtype,
                                    (em, ml))
             shared_down = param("shared_down", DENSE_INIT, (S, H), self.param_dtype, (ml, em))
+        shared_gate = None
+        if config.shared_expert_gate:
+            shared_gate = param("shared_gate", ROUTER_INIT, (H, 1), jnp.float32, (em, None))
         router_bias = None
         if config.routing == "sigmoid":
             router_bias = self.variable(BIAS_COLLECTION, "bias", jnp.zeros, (E,), jnp.float32).value
         params = MoEParams(router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down,
-                           config)
+                           config, shared_gate)
         if self.dtype is not None:
             x = x.astype(self.dtype)
         if self.tuning is not None and not isinstance(self.tuning, Tuning):

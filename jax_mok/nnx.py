@@ -67,6 +67,7 @@ class MoE(nnx.Module):
     ``w_down``              ``[E, F, H]``   ``param_dtype``        ``(expert, mlp, embed)``
     ``shared_gate_up``      ``[H, 2S]``     ``param_dtype``        ``(embed, mlp)``, if shared
     ``shared_down``         ``[S, H]``      ``param_dtype``        ``(mlp, embed)``, if shared
+    ``shared_gate``         ``[H, 1]``      float32                ``(embed, None)``, if gated
     ======================  ==============  =====================  ===========================
 
     Args:
@@ -127,6 +128,10 @@ class MoE(nnx.Module):
                                     (mlp_axis, embed_axis))
         else:
             self.shared_gate_up = self.shared_down = None
+        self.shared_gate = (
+            make(nnx.Param, ROUTER_INIT, (H, 1), jnp.float32, (embed_axis, None))
+            if config.shared_expert_gate else None
+        )
 
     def to_params(self) -> MoEParams:
         """The current weights as :class:`jax_mok.MoEParams` (arrays, no copies)."""
@@ -137,7 +142,7 @@ class MoE(nnx.Module):
             router=value(self.router), router_bias=value(self.router_bias),
             w_gate_up=value(self.w_gate_up), w_down=value(self.w_down),
             shared_gate_up=value(self.shared_gate_up), shared_down=value(self.shared_down),
-            config=self.config,
+            config=self.config, shared_gate=value(self.shared_gate),
         )
 
     def __call__(self, x: jax.Array, *, return_aux: bool = False):

@@ -19,7 +19,9 @@ class MoEParams:
 
     Shapes: ``router [H, E]`` float32, ``router_bias [E]`` float32 or None (sigmoid routing),
     ``w_gate_up [E, H, 2F]`` (gate = ``[..., :F]``, up = ``[..., F:]``), ``w_down [E, F, H]``,
-    ``shared_gate_up [H, 2S]`` / ``shared_down [S, H]`` or None.
+    ``shared_gate_up [H, 2S]`` / ``shared_down [S, H]`` or None, ``shared_gate [H, 1]`` float32
+    (``config.shared_expert_gate``) or None. ``shared_gate`` comes last with a default so that
+    positional construction without it keeps working.
     """
 
     router: jax.Array
@@ -29,6 +31,7 @@ class MoEParams:
     shared_gate_up: jax.Array | None
     shared_down: jax.Array | None
     config: MoEConfig = dataclasses.field(metadata=dict(static=True))
+    shared_gate: jax.Array | None = None
 
 
 def init_params(key: jax.Array, config: MoEConfig, dtype=jnp.bfloat16) -> MoEParams:
@@ -46,6 +49,8 @@ def init_params(key: jax.Array, config: MoEConfig, dtype=jnp.bfloat16) -> MoEPar
     E, H, F = config.num_experts, config.hidden_size, config.ffn_size
     S = config.shared_size
     k_router, k_gu, k_down, k_sgu, k_sdown = jax.random.split(key, 5)
+    # Its own stream: turning the gate on leaves every other weight unchanged.
+    k_sgate = jax.random.fold_in(key, 5)
 
     def fan_in(k, shape, fan):
         # Drawn in the target dtype: a float32 temporary of S4's w_gate_up alone would be 67 GB.
@@ -56,6 +61,8 @@ def init_params(key: jax.Array, config: MoEConfig, dtype=jnp.bfloat16) -> MoEPar
     router_bias = jnp.zeros((E,), jnp.float32) if config.routing == "sigmoid" else None
     shared_gate_up = fan_in(k_sgu, (H, 2 * S), H) if S else None
     shared_down = fan_in(k_sdown, (S, H), S) if S else None
+    shared_gate = (jax.random.normal(k_sgate, (H, 1), jnp.float32) / math.sqrt(H)
+                   if config.shared_expert_gate else None)
     return MoEParams(
         router=router,
         router_bias=router_bias,
@@ -64,6 +71,7 @@ def init_params(key: jax.Array, config: MoEConfig, dtype=jnp.bfloat16) -> MoEPar
         shared_gate_up=shared_gate_up,
         shared_down=shared_down,
         config=config,
+        shared_gate=shared_gate,
     )
 
 
@@ -107,6 +115,11 @@ def validate(x, params) -> MoEConfig:
         _expect_shape("shared_down", params.shared_down, (S, H))
     elif params.shared_gate_up is not None or params.shared_down is not None:
         raise ValueError("params has shared-expert weights but config.num_shared_experts == 0")
+    if config.shared_expert_gate:
+        _expect_shape("shared_gate", params.shared_gate, (H, 1))
+    elif params.shared_gate is not None:
+        raise ValueError("params.shared_gate is set but config.shared_expert_gate is False; "
+                         "set shared_expert_gate=True or shared_gate=None")
     for name in ("w_gate_up", "w_down"):
         dtype = getattr(params, name).dtype
         if not jnp.issubdtype(dtype, jnp.floating):

@@ -19,6 +19,32 @@ from jax_mok.params import MoEParams, validate
 from jax_mok.routing import DROPPED, aux_losses, rank_in_group, route
 
 
+@jax.custom_vjp
+def _zero_nonfinite_experts(w: jax.Array, finite: jax.Array) -> jax.Array:
+    """``w [E, ...]`` with every expert whose ``finite [E]`` is False set to zero.
+
+    The cotangent passes through unchanged (also for zeroed experts): the caller makes their rows
+    NaN, so their weight gradients come out NaN rather than a misleading zero.
+    """
+    return jnp.where(finite.reshape((-1,) + (1,) * (w.ndim - 1)), w, jnp.zeros((), w.dtype))
+
+
+def _zero_nonfinite_fwd(w, finite):
+    return _zero_nonfinite_experts(w, finite), finite
+
+
+def _zero_nonfinite_bwd(finite, g):
+    return g, jnp.zeros(finite.shape, jax.dtypes.float0)
+
+
+_zero_nonfinite_experts.defvjp(_zero_nonfinite_fwd, _zero_nonfinite_bwd)
+
+
+def _finite_experts(w: jax.Array) -> jax.Array:
+    """``[E]`` bool: every weight of the expert is finite."""
+    return jnp.isfinite(w).all(axis=tuple(range(1, w.ndim)))
+
+
 def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
                    w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
     """``y [T, H] = sum_j w[t, j] * SwiGLU_{ids[t, j]}(x_t)`` in float32, cast to x's dtype.
@@ -27,6 +53,12 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
     ``topk_weights [T, k]`` float32, ``w_gate_up [E, H, 2F]``, ``w_down [E, F, H]``. GEMM operands
     keep x's dtype with float32 accumulation (the activation is rounded to x's dtype before the
     down GEMM, as the kernels do).
+
+    Non-finite expert weights reach only that expert's rows, as in the kernels: ``ragged_dot``
+    may run as dense products over every group with non-member rows zeroed (XLA:CPU does), where
+    ``0 * NaN`` would spread one expert's NaN to every token. Such experts are therefore
+    zeroed for the GEMMs and their rows' GEMM outputs multiplied by NaN instead (finite experts'
+    rows by exactly 1, so finite results are unchanged).
     """
     T, k = topk_ids.shape
     E, _, two_f = w_gate_up.shape
@@ -37,14 +69,26 @@ def routed_experts(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
     order = jnp.argsort(sort_key, stable=True)
     group_sizes = jnp.bincount(sort_key, length=E + 1)[:E].astype(jnp.int32)
     rows = x2d[order // k]  # [T*k, H]
+    row_expert = sort_key[order]  # [T*k], E for skipped rows
+
+    def poison(w):  # (w with non-finite experts zeroed, [T*k, 1] f32 row factor: 1 or NaN)
+        finite = _finite_experts(w)
+        finite_row = jnp.concatenate([finite, jnp.ones((1,), bool)])[row_expert]
+        factor = jnp.where(finite_row, 1.0, jnp.nan).astype(jnp.float32)[:, None]
+        return _zero_nonfinite_experts(w, finite), factor
+
+    w_gate_up, gate_up_factor = poison(w_gate_up)
+    w_down, down_factor = poison(w_down)
     h = jax.lax.ragged_dot(rows, w_gate_up, group_sizes, preferred_element_type=jnp.float32)
+    h = h * gate_up_factor
     a = jax.nn.silu(h[:, :F]) * h[:, F:]  # [T*k, F] f32
     out = jax.lax.ragged_dot(a.astype(x2d.dtype), w_down, group_sizes,
                              preferred_element_type=jnp.float32)  # [T*k, H]
+    out = out * down_factor
     weights = jnp.where(valid, topk_weights.reshape(-1), 0.0)[order]
     contrib = out * weights[:, None]
     unsorted = jnp.zeros_like(contrib).at[order].set(contrib)
-    return unsorted.reshape(T, k, -1).sum(1).astype(x2d.dtype)
+    return unsorted.reshape(T, k, x2d.shape[1]).sum(1).astype(x2d.dtype)
 
 
 def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
@@ -57,7 +101,8 @@ def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax
     on the host. XLA:CPU runs ``ragged_dot`` as one dense product per group (cost linear in E), so
     this form is the fast oracle for large E on the CPU; it is also the benchmarks' peer B2.
     Ids outside ``[0, E)`` are skipped. Returns ``y [T, H]`` in x's dtype (float32 combine, in
-    slot order j = 0..k-1).
+    slot order j = 0..k-1). Non-finite weights of one expert reach only its tokens: padded slots
+    of that expert turn NaN too, but only occupied slots are read back.
     """
     T, k = topk_ids.shape
     E, H, two_f = w_gate_up.shape
@@ -80,13 +125,24 @@ def routed_experts_padded(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax
     return (picked * w).sum(1).astype(x2d.dtype)
 
 
-def swiglu_mlp(x2d: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+def swiglu_mlp(x2d: jax.Array, gate_up: jax.Array, down: jax.Array,
+               gate: jax.Array | None = None) -> jax.Array:
     """Dense SwiGLU MLP (the fused shared expert): ``x2d [T, H]``, ``gate_up [H, 2S]``,
-    ``down [S, H]`` -> ``[T, H]`` float32; operands in x's dtype, float32 accumulation."""
+    ``down [S, H]`` -> ``[T, H]`` float32; operands in x's dtype, float32 accumulation.
+
+    ``gate [H, 1]`` (Qwen2-MoE's shared-expert gate, or None) scales each token's output by
+    ``sigmoid(x @ gate)``, computed in float32.
+    """
     h = jnp.dot(x2d, gate_up.astype(x2d.dtype), preferred_element_type=jnp.float32)
     S = down.shape[0]
     a = jax.nn.silu(h[:, :S]) * h[:, S:]
-    return jnp.dot(a.astype(x2d.dtype), down.astype(x2d.dtype), preferred_element_type=jnp.float32)
+    out = jnp.dot(a.astype(x2d.dtype), down.astype(x2d.dtype),
+                  preferred_element_type=jnp.float32)
+    if gate is not None:
+        logit = jnp.dot(x2d.astype(jnp.float32), gate.astype(jnp.float32),
+                        precision=jax.lax.Precision.HIGHEST)  # [T, 1]
+        out = out * jax.nn.sigmoid(logit)
+    return out
 
 
 RoutedExperts = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -104,7 +160,7 @@ def layer(x: jax.Array, params: MoEParams, experts: RoutedExperts, *, return_aux
     y = experts(x2d, routing.topk_ids, routing.topk_weights, params.w_gate_up.astype(x.dtype),
                 params.w_down.astype(x.dtype))
     if config.shared_size:
-        shared = swiglu_mlp(x2d, params.shared_gate_up, params.shared_down)
+        shared = swiglu_mlp(x2d, params.shared_gate_up, params.shared_down, params.shared_gate)
         y = (y.astype(jnp.float32) + shared).astype(x.dtype)
     y = y.reshape(*lead, config.hidden_size)
     if return_aux:

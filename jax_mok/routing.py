@@ -127,15 +127,19 @@ def aux_losses(routing: Routing, routed_ids: jax.Array, config: MoEConfig, *,
     ``P_e`` the mean score of e over tokens. ``router_z_loss = mean(logsumexp(logits)^2)``.
     With the tokens sharded (expert parallelism), ``reduce`` sums a per-shard value over the
     shards (a ``psum`` over the token axes) and ``num_tokens`` is the global token count.
+    With no tokens both losses are 0.
     """
     T, k = routed_ids.shape
     E = config.num_experts
     reduce = reduce or (lambda v: v)
     num_tokens = num_tokens or T
-    f = reduce(jnp.zeros((E,), jnp.float32).at[routed_ids.reshape(-1)].add(1.0)) / (num_tokens * k)
-    P = reduce(routing.scores.sum(0)) / num_tokens
+    # With no tokens every sum is 0; dividing by 1 instead of 0 makes the losses 0, not NaN.
+    denominator = max(num_tokens, 1)
+    f = reduce(jnp.zeros((E,), jnp.float32).at[routed_ids.reshape(-1)].add(1.0)) / (
+        denominator * k)
+    P = reduce(routing.scores.sum(0)) / denominator
     lbl = E * jnp.sum(jax.lax.stop_gradient(f) * P)
-    z = reduce(jnp.sum(jax.nn.logsumexp(routing.logits, axis=-1) ** 2)) / num_tokens
+    z = reduce(jnp.sum(jax.nn.logsumexp(routing.logits, axis=-1) ** 2)) / denominator
     return {
         "load_balancing_loss": lbl,
         "router_z_loss": z,

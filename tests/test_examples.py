@@ -63,3 +63,10 @@ def test_train_tiny_moe_lm_and_checkpoint_round_trip(tmp_path):
     assert (tmp_path / "ckpt" / "tiny_moe_lm").is_dir()
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
     assert sum(result["dropped"]) > 0  # capacity_factor=1.0: drops are counted and reported
+
+
+def test_hf_qwen3_moe(tmp_path):
+    result = _run_main("hf_qwen3_moe", ["--layers", "1", "--tokens", "32"], tmp_path)
+    (layer,) = result.values()
+    assert layer["round_trip"] is True
+    assert layer["relative_difference"] < 1e-2  # bfloat16 layer vs float32 reference

@@ -95,6 +95,7 @@ ROUTING_OPTIONS = {
     "no_norm": dict(norm_topk_prob=False),
     "scaled": dict(routed_scaling_factor=0.5),
     "shared": dict(num_shared_experts=2, shared_ffn_size=16),
+    "shared_gated": dict(num_shared_experts=1, shared_expert_gate=True),
     "capacity": dict(capacity_factor=0.5),
 }
 

@@ -88,6 +88,12 @@ def test_parity_dropless(data, ep):
     _check_parity(config, data, ep)
 
 
+def test_parity_shared_expert_gate():
+    config = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=32, ffn_size=16,
+                               num_shared_experts=1, shared_expert_gate=True)
+    _check_parity(config, 2, 2)
+
+
 def test_parity_capacity_drops_match():
     """Global capacity semantics: EP drops exactly the assignments the single call drops."""
     config = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=32, ffn_size=16,

@@ -100,7 +100,8 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
     transport = _transport(ep_plan, config, tokens_local, tokens_global, dtype, implementation,
                            tuning)
 
-    def local(x_loc, router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down):
+    def local(x_loc, router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down,
+              shared_gate):
         routing, routed_ids = route(x_loc, router, router_bias, route_config)
         ids = routing.topk_ids
         if config.capacity_factor is not None:
@@ -108,7 +109,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
         packed, overflow = pack.pack(x_loc, ids, routing.topk_weights, ep, experts_local, rows)
         y = transport.experts(packed, w_gate_up.astype(dtype), w_down.astype(dtype))
         if config.shared_size:
-            y = y + reference.swiglu_mlp(x_loc, shared_gate_up, shared_down)
+            y = y + reference.swiglu_mlp(x_loc, shared_gate_up, shared_down, shared_gate)
         y = y.astype(dtype)
         if not return_aux:
             return y, None
@@ -126,10 +127,10 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
         "expert_counts": replicated, "dropped_tokens": replicated,
     }
     specs = (tokens_spec, replicated, replicated, experts_spec, experts_spec, replicated,
-             replicated)
+             replicated, replicated)
     fn = shard_map(local, ep_plan.mesh, in_specs=specs, out_specs=(tokens_spec, aux_spec))
     args = (x2d, params.router, params.router_bias, params.w_gate_up, params.w_down,
-            params.shared_gate_up, params.shared_down)
+            params.shared_gate_up, params.shared_down, params.shared_gate)
     y2d, aux = fn(*(plan.conform(a, s, ep_plan.mesh) for a, s in zip(args, specs, strict=True)))
     if plan.explicit(ep_plan.mesh):
         # Give y the layout x had, so the reshape below is the inverse of x's (explicit axes

@@ -1,0 +1,304 @@
+"""End-to-end training benchmark: tokens/s and MFU of a decoder-only MoE transformer.
+
+    python -m benchmarks.e2e.run                              # one H200: auto layers, 8 x 4096
+    python -m benchmarks.e2e.run --layers 4 --variants jax_mok,padded
+    python -m benchmarks.e2e.run --expert-parallel            # experts over every local device
+    python -m benchmarks.e2e.run --tiny --steps 2             # CPU smoke run
+
+Each variant builds the same model (same seed, same parameters), compiles one jitted training
+step (loss, gradients, optax.adamw update; the state donated), runs ``--warmup`` steps, then
+times ``--steps`` synchronized steps. A variant that runs out of device memory is retried at
+half the batch (``--oom-retries`` times) and the batch it ran at is reported. Writes e2e.json,
+e2e.md and e2e.png to ``--out`` (the JSON after every variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+GIB = 2**30
+# Per token per layer, bytes kept for the backward in bf16 (estimates for the automatic layer
+# count): jax_mok ~ x, q, k, v, attention out, norms (~27 KB) + routed rows and gate/up
+# activations (k (2F + F) bf16 ~ 37 KB) + slack; the padded form holds [E, C, .] buffers with
+# float32 gate/up (C E ~ 1.1 T k).
+ACTIVATION_BYTES = {"jax_mok": 80_000, "reference": 80_000, "padded": 200_000}
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--layers", default="auto",
+                   help="transformer blocks, or 'auto': as many as the memory estimate fits, "
+                        "at most 8 (2 on a CPU)")
+    p.add_argument("--seq", type=int, default=4096, help="sequence length")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step per device")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    p.add_argument("--variants", default="jax_mok,padded,reference",
+                   help="comma-separated, from: jax_mok, reference, padded")
+    p.add_argument("--expert-parallel", action="store_true",
+                   help="mesh ('data', 'expert') = (1, all local devices): experts sharded, "
+                        "batch per device (the padded variant is skipped)")
+    p.add_argument("--attention", choices=("auto", "cudnn", "xla"), default="auto",
+                   help="dot_product_attention implementation (auto: cudnn on a GPU)")
+    p.add_argument("--remat", action="store_true", help="rematerialise each block")
+    p.add_argument("--padded-margin", type=float, default=1.1,
+                   help="padded variant: capacity = margin x the largest expert count measured "
+                        "on the first batch, rounded up to 8; later overflow is dropped and "
+                        "reported")
+    p.add_argument("--oom-retries", type=int, default=1, help="halvings of the batch on OOM")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny dims for a CPU smoke run (H=64, F=32, E=8, k=2, 2 layers, seq 32)")
+    p.add_argument("--out", default="e2e-out", help="output directory")
+    return p.parse_args(argv)
+
+
+def _commit() -> str:
+    if os.environ.get("JAX_MOK_GIT_COMMIT"):
+        return os.environ["JAX_MOK_GIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _is_oom(err: Exception) -> bool:
+    text = str(err)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def _auto_attention(platform: str) -> str | None:
+    """cuDNN flash attention on a GPU; elsewhere JAX's default (XLA)."""
+    return "cudnn" if platform == "gpu" else None
+
+
+def auto_layers(cfg, variants, tokens, device) -> int:
+    """Most layers (<= 8) whose estimated training memory fits 90 % of the device's."""
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if device.platform != "gpu" or not limit:
+        return 2
+    one = cfg.__class__(**{**cfg.__dict__, "layers": 1})
+    fixed = 18 * 2 * cfg.vocab * cfg.hidden + 10 * tokens * cfg.vocab  # embed/head, logits
+    per_layer_params = one.param_count() - 2 * cfg.vocab * cfg.hidden
+    # The reference variant is left out when others run: where its ragged_dot does not fit,
+    # it is retried at a smaller batch rather than shrinking every variant's model.
+    sized = [v for v in variants if v != "reference"] or variants
+    act = max(ACTIVATION_BYTES[v] for v in sized)
+    per_layer = 18 * per_layer_params + act * tokens  # f32 param, grad, 2 moments + bf16 copy
+    layers = int((0.9 * limit - fixed) // per_layer)
+    log(f"memory estimate: {per_layer / GIB:.1f} GiB per layer, {fixed / GIB:.1f} GiB fixed, "
+        f"limit {limit / GIB:.1f} GiB -> {max(1, min(8, layers))} layers")
+    return max(1, min(8, layers))
+
+
+def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
+    """Builds, compiles and times one variant; returns its record."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from benchmarks.e2e import model as m
+    from benchmarks.peers_jax import b2_capacity
+    from jax_mok.optim import weight_decay_mask
+
+    record = {"variant": variant, "text": m.VARIANT_TEXT[variant], "batch": batch}
+    if variant == "jax_mok":
+        from jax_mok import api
+
+        record["implementation"] = api.default_implementation(jnp.bfloat16, cfg.moe_config())
+        if record["implementation"] == "reference":
+            log("jax_mok: WARNING: the kernels are not built for this backend, so this variant "
+                "runs the reference path (build with nvcc on PATH: pip install -e .)")
+    moe_fn = m.moe_fn_for(variant, mesh)
+    t0 = time.perf_counter()
+    # Built under jit: one compiled initialiser instead of an eager dispatch per weight.
+    model = nnx.jit(lambda: m.MoETransformer(cfg, moe_fn, attention=attention, remat=args.remat,
+                                             rngs=nnx.Rngs(0)))()
+    tx = optax.adamw(1e-4, weight_decay=0.1,
+                     mask=functools.partial(weight_decay_mask, exclude_vectors=True))
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    graphdef, state = nnx.split((model, opt))
+    del model, opt
+    global_batch = batch * n_devices
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, cfg.vocab, (global_batch, cfg.seq + 1), dtype=np.int32)
+               for _ in range(2)]
+    if mesh is not None:
+        def place(path, leaf):
+            names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
+            expert = names & {"w_gate_up", "w_down"} and getattr(leaf, "ndim", 0) == 4
+            return NamedSharding(mesh, P(None, "expert") if expert else P())
+
+        state = jax.device_put(state, jax.tree_util.tree_map_with_path(place, state))
+        batches = [jax.device_put(b, NamedSharding(mesh, P(("data", "expert")))) for b in batches]
+    else:
+        batches = [jax.device_put(b) for b in batches]
+    log(f"{variant}: model built in {time.perf_counter() - t0:.1f} s")
+
+    if variant == "padded":  # size the padded buffers from the first batch's routing
+        probe = nnx.merge(graphdef, state)[0]
+        _, aux = nnx.jit(lambda model, t: model(t))(probe, batches[0][:, :-1])
+        largest = int(np.asarray(aux["expert_counts"]).max())
+        moe_fn.capacity = b2_capacity(math.ceil(args.padded_margin * largest))
+        record["capacity"] = moe_fn.capacity
+        log(f"padded: largest expert count {largest} -> capacity {moe_fn.capacity}")
+        del probe, aux
+
+    def train_step(state, tokens):
+        model, opt = nnx.merge(graphdef, state)
+        grad_fn = nnx.value_and_grad(m.loss_fn, has_aux=True)
+        (loss, metrics), grads = grad_fn(model, tokens, cfg.aux_loss_weight)
+        opt.update(model, grads)
+        return nnx.state((model, opt)), loss, metrics["dropped"].sum()
+
+    step = jax.jit(train_step, donate_argnums=0)
+    t0 = time.perf_counter()
+    log(f"{variant}: compiling ({global_batch} x {cfg.seq} tokens per step)")
+    compiled = step.lower(state, batches[0]).compile()
+    record["compile_s"] = time.perf_counter() - t0
+    log(f"{variant}: compiled in {record['compile_s']:.1f} s")
+    times, losses, dropped = [], [], 0
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        state, loss, drop = compiled(state, batches[i % 2])
+        jax.block_until_ready((state, loss))
+        elapsed = time.perf_counter() - t0
+        losses.append(float(loss))
+        if i >= args.warmup:
+            times.append(elapsed)
+            dropped += int(drop)
+        log(f"{variant}: step {i + 1}/{args.warmup + args.steps} "
+            f"{'(warm-up) ' if i < args.warmup else ''}{1e3 * elapsed:.1f} ms, loss "
+            f"{losses[-1]:.4f}")
+    del state, compiled
+    tokens = global_batch * cfg.seq
+    median = float(np.median(times))
+    record.update(
+        status="ok", step_ms=[1e3 * t for t in times], step_ms_median=1e3 * median,
+        tokens_per_s=tokens / median, losses=losses,
+        dropped_fraction=dropped / (len(times) * tokens * cfg.top_k * cfg.layers))
+    record["mfu"] = record["tokens_per_s"] * cfg.flops_per_token()["train"] / (
+        ceiling * 1e12 * n_devices)
+    log(f"{variant}: median {record['step_ms_median']:.1f} ms, "
+        f"{record['tokens_per_s']:,.0f} tokens/s, MFU {100 * record['mfu']:.1f} %")
+    return record
+
+
+def main(argv=None) -> dict:
+    log("starting: importing JAX")
+    args = parse_args(argv)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+    import dataclasses
+
+    import jax
+
+    from benchmarks import ceilings
+    from benchmarks.e2e import model as m
+    from benchmarks.e2e import report
+
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for v in variants:
+        if v not in m.VARIANTS:
+            raise SystemExit(f"--variants: {v!r} is not one of {m.VARIANTS}")
+    devices = jax.local_devices()
+    platform = devices[0].platform
+    log(f"{len(devices)} x {devices[0].device_kind} ({platform}), jax {jax.__version__}")
+    mesh = None
+    if args.expert_parallel:
+        from jax.sharding import AxisType
+
+        mesh = jax.make_mesh((1, len(devices)), ("data", "expert"),
+                             axis_types=(AxisType.Auto, AxisType.Auto))
+        if "padded" in variants:
+            log("padded: skipped under --expert-parallel (single-device form only)")
+            variants.remove("padded")
+    n_devices = len(devices) if mesh is not None else 1
+    cfg = m.ModelConfig(seq=args.seq)
+    if args.tiny:
+        cfg = m.ModelConfig(layers=2, hidden=64, ffn=32, experts=8, top_k=2, heads=4,
+                            kv_heads=2, head_dim=16, vocab=256, seq=args.seq)
+    layers = (auto_layers(cfg, variants, args.batch * cfg.seq, devices[0])
+              if args.layers == "auto" else int(args.layers))
+    cfg = dataclasses.replace(cfg, layers=layers)
+    attention = {"auto": _auto_attention(platform), "cudnn": "cudnn",
+                 "xla": "xla"}[args.attention]
+    log("measuring the bf16 matmul ceiling")
+    ceiling = ceilings.measure(platform=platform, quick=platform != "gpu", warmup=2, iters=5)
+    log(f"ceiling {ceiling['matmul_tflops']:.1f} TFLOP/s")
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import flax
+
+    result = {
+        "command": "python -m benchmarks.e2e.run " + shlex.join(sys.argv[1:] if argv is None
+                                                               else argv),
+        "commit": _commit(),
+        "machine": {"devices": n_devices, "device_kind": devices[0].device_kind,
+                    "platform": platform, "jax": jax.__version__, "flax": flax.__version__},
+        "config": dataclasses.asdict(cfg), "batch": args.batch, "steps": args.steps,
+        "warmup": args.warmup, "expert_parallel": mesh is not None,
+        "attention": attention or "xla", "params": cfg.param_count(),
+        "flops": cfg.flops_per_token(), "flops_per_token": cfg.flops_per_token()["train"],
+        "ceiling_tflops": ceiling["matmul_tflops"], "ceiling": ceiling, "variants": {},
+    }
+    log(f"{layers} layers, {cfg.param_count() / 1e9:.2f} B parameters, "
+        f"{result['flops_per_token'] / 1e9:.2f} GFLOP per token per training step")
+    for variant in variants:
+        batch, ooms = args.batch, []
+        while True:
+            try:
+                record = run_variant(variant, cfg, args, batch, mesh, attention,
+                                     ceiling["matmul_tflops"], n_devices)
+                break
+            except Exception as err:  # noqa: BLE001 - reported in the results, not hidden
+                gc.collect()
+                if (attention == "cudnn" and args.attention == "auto" and not _is_oom(err)
+                        and ("cudnn" in str(err).lower() or "attention" in str(err).lower())):
+                    log(f"{variant}: cuDNN attention failed ({str(err).splitlines()[0][:200]}); "
+                        "falling back to attention 'xla' for this and later variants")
+                    attention = "xla"
+                    result["attention"] = "xla (cuDNN failed)"
+                    continue
+                if _is_oom(err) and len(ooms) < args.oom_retries and batch > 1:
+                    ooms.append(batch)
+                    log(f"{variant}: out of memory at batch {batch}; retrying at {batch // 2}")
+                    batch //= 2
+                    continue
+                status = "oom" if _is_oom(err) else "error"
+                log(f"{variant}: {status}: {str(err).splitlines()[0][:300]}")
+                record = {"variant": variant, "status": status, "batch": batch,
+                          "error": str(err).splitlines()[0][:2000]}
+                break
+        record["oom_batches"] = ooms
+        result["variants"][variant] = record
+        gc.collect()
+        report.write_json(result, out)
+    report.write_markdown(result, out)
+    plot = report.write_plot(result, out)
+    log(f"wrote {out / 'e2e.json'}, {out / 'e2e.md'}" + (f", {plot}" if plot else ""))
+    print(report.markdown(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
