@@ -7,7 +7,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from jax_mok import _ffi, autodiff
+from jax_mok import _ffi, autodiff, fp8
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams
 from jax_mok.routing import aux_losses, route
@@ -38,6 +38,7 @@ def validate(x, params) -> MoEConfig:
             f"x must have shape [..., hidden_size={config.hidden_size}], got {tuple(x.shape)}"
         )
     E, H, F, S = config.num_experts, config.hidden_size, config.ffn_size, config.shared_size
+    fp8.check_weights(params.w_gate_up, params.w_down, config.quantization)
     _expect_shape("router", params.router, (H, E))
     _expect_shape("w_gate_up", params.w_gate_up, (E, H, 2 * F))
     _expect_shape("w_down", params.w_down, (E, F, H))
@@ -123,7 +124,10 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
 
     Returns:
       ``y`` with the shape and dtype of ``x`` (and ``aux`` when ``return_aux``). Expert weights are
-      cast to ``x.dtype`` for the GEMMs; accumulation is float32.
+      cast to ``x.dtype`` for the GEMMs; accumulation is float32. With
+      ``config.quantization`` the routed experts run in FP8 (:mod:`jax_mok.fp8`; the weights
+      are cast to x's dtype, then quantized), and ``params`` may hold pre-quantized experts
+      (:func:`jax_mok.quantize_params`, forward only).
     """
     config = validate(x, params)
     if implementation is None:
@@ -149,15 +153,21 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
     lead = x.shape[:-1]
     x2d = x.reshape(-1, config.hidden_size)
     routing, routed_ids = route(x2d, params.router, params.router_bias, config)
-    y = autodiff.routed_experts(
-        x2d,
-        routing.topk_ids,
-        routing.topk_weights,
-        params.w_gate_up.astype(x.dtype),
-        params.w_down.astype(x.dtype),
-        implementation=implementation,
-        save_activations=config.save_activations,
-    )
+    if config.quantization is not None:
+        y = fp8.routed_experts_fp8(
+            x2d, routing.topk_ids, routing.topk_weights,
+            fp8.cast_weight(params.w_gate_up, x.dtype), fp8.cast_weight(params.w_down, x.dtype),
+            config.quantization, implementation=implementation)
+    else:
+        y = autodiff.routed_experts(
+            x2d,
+            routing.topk_ids,
+            routing.topk_weights,
+            params.w_gate_up.astype(x.dtype),
+            params.w_down.astype(x.dtype),
+            implementation=implementation,
+            save_activations=config.save_activations,
+        )
     if config.shared_size:
         shared = _swiglu_mlp(x2d, params.shared_gate_up, params.shared_down)
         y = (y.astype(jnp.float32) + shared).astype(x.dtype)

@@ -470,17 +470,44 @@ def _home_sum_xla(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Arr
 
 def _experts_on_rows(recv_x: jax.Array, recv_ids: jax.Array, recv_w: jax.Array,
                      w_gate_up: jax.Array, w_down: jax.Array, implementation: str,
-                     save_activations: bool | None) -> jax.Array:
+                     save_activations: bool | None, quantization: str | None = None) -> jax.Array:
     """This device's experts on the rows it received, ``[EP, R, H]`` (ids, weights
-    ``[EP, R, k]``; local expert ids) → ``[EP, R, H]``: each row's local experts summed."""
-    from jax_mok import autodiff  # autodiff imports routing; keep the import cycle one-way
+    ``[EP, R, k]``; local expert ids) → ``[EP, R, H]``: each row's local experts summed.
+    With ``quantization``, the FP8 layer (:mod:`jax_mok.fp8`; its weight-gradient token blocks
+    then follow the received rows' order)."""
+    from jax_mok import autodiff, fp8  # autodiff imports routing; keep the import cycle one-way
 
     ep, rows, H = recv_x.shape
-    out = autodiff.routed_experts(
-        recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
-        recv_w.reshape(ep * rows, -1), w_gate_up, w_down, implementation=implementation,
-        save_activations=save_activations)
+    args = (recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
+            recv_w.reshape(ep * rows, -1), w_gate_up, w_down)
+    if quantization is not None:
+        out = fp8.routed_experts_fp8(*args, quantization, implementation=implementation)
+    else:
+        out = autodiff.routed_experts(*args, implementation=implementation,
+                                      save_activations=save_activations)
     return out.reshape(ep, rows, H)
+
+
+def _fp8_transport(plan: ExpertParallel, quantization: str) -> ExpertParallel:
+    """The FP8 layer runs over the "xla" transport only: "auto" becomes "xla" (with a one-time
+    warning where the peer transport would have been chosen), "peer" raises."""
+    if plan.transport == "xla":
+        return plan
+    if plan.transport == "peer":
+        raise NotImplementedError(
+            f"transport='peer' has no FP8 path yet (config.quantization={quantization!r}); "
+            "use transport='xla'")
+    from jax_mok import workspace
+
+    reason = "the peer transport has no FP8 path yet"
+    if plan.ep_size > 1 and reason not in _WARNED and workspace.peer_transport_available(
+            plan.mesh, plan.expert_axis)[0]:
+        import warnings
+
+        _WARNED.add(reason)
+        warnings.warn(f"jax_mok: transport 'auto' uses 'xla' with quantization={quantization!r}: "
+                      f"{reason}", stacklevel=4)
+    return dataclasses.replace(plan, transport="xla")
 
 
 def _gather_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array) -> jax.Array:
@@ -547,9 +574,11 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
     ``x [..., H]`` with ``prod(lead dims)`` divisible by ``plan.token_shards``; expert weights
     ``[E, ...]`` with ``E`` divisible by ``plan.ep_size``. Called by :func:`jax_mok.moe`; call that.
     """
-    from jax_mok import api  # api imports this module lazily; keep the cycle one-way at import
+    from jax_mok import api, fp8  # api imports this module lazily; keep the cycle one-way
 
     config = params.config
+    if config.quantization is not None:
+        plan = _fp8_transport(plan, config.quantization)
     plan = _resolve_transport(plan)
     ep = plan.ep_size
     E = config.num_experts
@@ -610,8 +639,9 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, plan: ExpertParallel, *
         else:
             received = (jax.lax.all_to_all(a, axis, 0, 0, tiled=True)  # [EP, R, ...]
                         for a in (send_x, send_ids, send_w))
-            out = _experts_on_rows(*received, w_gate_up.astype(dtype), w_down.astype(dtype),
-                                   implementation, config.save_activations)
+            out = _experts_on_rows(*received, fp8.cast_weight(w_gate_up, dtype),
+                                   fp8.cast_weight(w_down, dtype), implementation,
+                                   config.save_activations, config.quantization)
             back = jax.lax.all_to_all(out, axis, 0, 0, tiled=True)
             y = _home_sum(back, row, sent, token_of_row, padding)  # fixed order, float32
         if config.shared_size:

@@ -1,0 +1,490 @@
+"""FP8 formats of the MoE layer: ``"mxfp8"`` (OCP MX) and ``"fp8_block"`` (DeepSeek-V3).
+
+Both recipes store values as ``float8_e4m3fn`` (largest finite 448, no infinity) with one scale
+per block of consecutive elements. This module is the specification: the CUDA kernels reproduce
+these functions bit for bit, and the tests hold both to a NumPy oracle.
+
+Common rules
+  * Work in float32: ``x32 = x.astype(float32)`` (bfloat16 and float16 convert exactly).
+  * Blocks run along a chosen axis (or two). A partial block at the end is padded with zeros:
+    values keep x's shape, scales have ``ceil(n / block)`` entries along the blocked axis.
+  * ``amax = max |x32|`` over the block.
+  * Non-finite blocks: a block holding a NaN or an infinity gets a NaN scale (E8M0 byte 0xFF /
+    float32 NaN) and every value of the block becomes the E4M3 NaN 0x7F. E4M3 has no infinity and
+    no finite scale covers one, so an infinite input is reported as NaN rather than clipped.
+  * Values are rounded to nearest even after clipping to ``[-448, 448]``; the sign of zero is
+    kept.
+  * Subnormal float32 inputs are values like any other (IEEE semantics, no flushing). XLA:CPU
+    flushes subnormal operands of float arithmetic, so this module derives amax and exponents
+    from the bits and scales subnormal inputs through their integer mantissa: the results are
+    the same on every platform.
+
+``"mxfp8"`` — block 32 along ``axis``, one E8M0 scale per block (byte ``e + 127``).
+  ``e`` is the smallest integer with ``amax <= 448 * 2**e`` (so no value saturates), computed
+  exactly from the bits of amax: with ``amax = m * 2**q``, ``m`` in ``[0.5, 1)``, ``e = q - 9``
+  if ``m <= 0.875`` else ``q - 8``; clamped to ``[-127, 127]``; ``amax == 0`` (or subnormal)
+  gives ``e = -127``. Values: ``x32 * 2**-e`` exactly, clipped, cast to E4M3 (RNE).
+  Dequantize: ``values.astype(float32) * 2**e``, exact: every E4M3 value times ``2**e``,
+  ``-127 <= e <= 127``, is a float32 (subnormal results included; overflow to infinity only for
+  ``e > 120``, which quantize never produces from float32 input). Byte 0xFF dequantizes to NaN.
+
+``"fp8_block"`` — float32 scales; activations in 1 x 128 blocks along the last axis, weights in
+  128 x 128 blocks over the last two axes.
+  ``scale = amax / 448`` (IEEE float32 division, round to nearest) where that quotient is at
+  least ``2**-117``, else ``scale = 1.0`` (amax 0, or a block below ``448 * 2**-117 ≈ 2.7e-33``,
+  which then quantizes to zeros). The bound keeps every dequantized value ``v * scale`` a normal
+  float32, so no platform's subnormal flushing can change a bit.
+  Values: ``x32 / scale`` (IEEE float32 division), clipped, cast to E4M3 (RNE).
+  Dequantize: ``values.astype(float32) * scale`` (one float32 multiplication).
+
+Layout of pre-quantized weights (:class:`QuantizedWeight`): values with the GEMM's reduction axis
+LAST (``w_gate_up [E, H, 2F]`` quantized along H is stored ``[E, 2F, H]``), scales likewise
+(mxfp8 ``[E, 2F, ceil(H/32)]``; fp8_block ``[E, ceil(2F/128), ceil(H/128)]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+RECIPES = ("mxfp8", "fp8_block")
+E4M3_MAX = 448.0
+MX_BLOCK = 32
+BLOCK = 128
+BLOCK_SHAPES = ((1, BLOCK), (BLOCK, BLOCK))
+# The smallest fp8_block scale: 2**-117 * 2**-9 (the smallest E4M3 subnormal) = 2**-126, the
+# smallest normal float32.
+MIN_BLOCK_SCALE = 2.0**-117
+
+_NONFINITE_BITS = 0x7F800000  # |x| bits at or above this: infinity or NaN
+_MANTISSA = 0x7FFFFF
+_E4M3_NAN_BYTE = 0x7F
+_E8M0_NAN_BYTE = 0xFF
+_F32_NAN_BITS = 0x7FC00000
+
+
+def check_recipe(recipe, name: str = "recipe") -> str:
+    """Returns ``recipe`` if it is one of :data:`RECIPES`, else raises ValueError."""
+    if recipe not in RECIPES:
+        raise ValueError(f"{name} must be one of {RECIPES}, got {recipe!r}")
+    return recipe
+
+
+def _check_float(x, fn: str, name: str = "x"):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{fn}: {name} must be an array, got {type(x).__name__}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{fn}: {name} must be a floating-point array, got dtype {x.dtype}")
+
+
+def _check_axis(axis, ndim: int, fn: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer) or not (
+            -ndim <= axis < ndim):
+        raise ValueError(f"{fn}: axis must be an int in [{-ndim}, {ndim}) for an array of "
+                         f"{ndim} dims, got {axis!r}")
+    return int(axis) % ndim
+
+
+def _check_block(block, ndim: int, fn: str) -> tuple[int, int]:
+    block = tuple(block) if isinstance(block, tuple | list) else block
+    if block not in BLOCK_SHAPES:
+        raise ValueError(f"{fn}: block must be one of {BLOCK_SHAPES}, got {block!r}")
+    need = 2 if block == (BLOCK, BLOCK) else 1
+    if ndim < need:
+        raise ValueError(f"{fn}: block={block} needs an array of at least {need} dims, got "
+                         f"{ndim}")
+    return block
+
+
+# --- bit-level primitives (exact on every platform) -------------------------------------------
+
+def to_float32(x: jax.Array) -> jax.Array:
+    """``x`` as float32, exactly. bfloat16 widens through its bits (the top half of a float32),
+    so subnormals survive platforms that flush them in arithmetic."""
+    if x.dtype == jnp.bfloat16:
+        wide = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
+        return jax.lax.bitcast_convert_type(wide, jnp.float32)
+    return x.astype(jnp.float32)
+
+
+def abs_bits(x32: jax.Array) -> jax.Array:
+    """int32 bits of ``|x32|``: ordered like the magnitudes, NaN above infinity."""
+    return jax.lax.bitcast_convert_type(x32, jnp.int32) & 0x7FFFFFFF
+
+
+def _pow2(n: jax.Array) -> jax.Array:
+    """float32 ``2**n`` for int32 ``n`` in ``[-126, 127]`` (built from the exponent bits)."""
+    return jax.lax.bitcast_convert_type((n + 127) << 23, jnp.float32)
+
+
+def _split_subnormal(x32: jax.Array):
+    """``(subnormal, mantissa)``: whether ``x32`` is a zero or subnormal, and its 23-bit mantissa
+    as a (positive, exactly representable) float32."""
+    bits = jax.lax.bitcast_convert_type(x32, jnp.int32)
+    subnormal = (bits & _NONFINITE_BITS) == 0
+    return subnormal, (bits & _MANTISSA).astype(jnp.float32), bits < 0
+
+
+def _cast_e4m3(scaled: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    values = jnp.clip(scaled, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
+    nan = jax.lax.bitcast_convert_type(jnp.uint8(_E4M3_NAN_BYTE), jnp.float8_e4m3fn)
+    return jnp.where(nonfinite, nan, values)
+
+
+def mx_exponent(amax_bits: jax.Array) -> jax.Array:
+    """int32 E8M0 exponent ``e`` in ``[-127, 127]`` of blocks with ``|amax|`` bits ``amax_bits``
+    (meaningless where the block is non-finite)."""
+    field = amax_bits >> 23
+    mantissa = amax_bits & _MANTISSA
+    # amax = m * 2**q with q = field - 126 and m = (1 + mantissa / 2**23) / 2; m <= 0.875 is
+    # mantissa <= 0.75 * 2**23.
+    e = field - 126 - jnp.where(mantissa <= 0x600000, 9, 8)
+    return jnp.where(field == 0, -127, jnp.clip(e, -127, 127)).astype(jnp.int32)
+
+
+def mx_values(x32: jax.Array, e: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    """E4M3 values ``RNE(clip(x32 * 2**-e))`` (``e``, ``nonfinite`` broadcast to ``x32``)."""
+    subnormal, mantissa, negative = _split_subnormal(x32)
+    # 2**-e is a normal float32 (-e in [-127, 127]; e = 127 only past float32's range), so the
+    # product of a normal input is exact unless it is below 2**-126, far under E4M3's smallest
+    # half-subnormal 2**-10: such a product becomes +-0 whether or not it is flushed.
+    normal_part = x32 * _pow2(jnp.clip(-e, -126, 127))
+    # A subnormal input is mantissa * 2**-149. Where that scales into E4M3's range (e <= -23),
+    # 2**(-149 - e) is a normal float32 and the product exact; elsewhere the result is below
+    # 2**-103 and rounds to zero either way.
+    sub_part = mantissa * _pow2(jnp.maximum(-149 - e, -126))
+    sub_part = jnp.where(negative, -sub_part, sub_part)
+    return _cast_e4m3(jnp.where(subnormal, sub_part, normal_part), nonfinite)
+
+
+def mx_dequantize_values(values: jax.Array, e: jax.Array) -> jax.Array:
+    """float32 ``values * 2**e`` assembled from the bits (exact, subnormal results included);
+    ``e`` int32 broadcast to ``values``, NaN where the scale byte was 0xFF (pass ``e = 128``)."""
+    byte = jax.lax.bitcast_convert_type(values, jnp.uint8).astype(jnp.int32)
+    field = (byte >> 3) & 15
+    mantissa = byte & 7
+    # |v| = k * 2**-9 with k < 2**18: normal (8 + m) * 2**(field - 10), subnormal m * 2**-9.
+    k = jnp.where(field > 0, (8 + mantissa) << jnp.maximum(field - 1, 0), mantissa)
+    shift = e - 9  # |v| * 2**e = k * 2**shift
+    k_bits = jax.lax.bitcast_convert_type(k.astype(jnp.float32), jnp.int32)  # exact: k < 2**24
+    biased = (k_bits >> 23) + shift
+    normal = (biased << 23) | (k_bits & _MANTISSA)
+    # Below 2**-126 the result is k * 2**shift = (k << (shift + 149)) * 2**-149 exactly: it is a
+    # subnormal, and shift + 149 >= 13 since e >= -127.
+    subnormal = k << jnp.clip(shift + 149, 0, 31)
+    bits = jnp.where(biased >= 255, _NONFINITE_BITS, jnp.where(biased >= 1, normal, subnormal))
+    bits = jnp.where(k == 0, 0, bits) | ((byte >> 7) << 31)
+    bits = jnp.where(((byte & 0x7F) == _E4M3_NAN_BYTE) | (e > 127), _F32_NAN_BITS, bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def block_scale(amax_bits: jax.Array) -> jax.Array:
+    """float32 fp8_block scale of blocks with ``|amax|`` bits ``amax_bits`` (NaN if non-finite)."""
+    amax = jax.lax.bitcast_convert_type(amax_bits, jnp.float32)
+    nonfinite = amax_bits >= _NONFINITE_BITS
+    # A data-dependent divisor: XLA rewrites division by a constant into multiplication by its
+    # rounded reciprocal, which is not the correctly rounded quotient.
+    divisor = jnp.where(nonfinite, jnp.float32(jnp.nan), jnp.float32(E4M3_MAX))
+    quotient = amax / divisor
+    return jnp.where(nonfinite | (quotient >= MIN_BLOCK_SCALE), quotient, jnp.float32(1.0))
+
+
+def block_values(x32: jax.Array, scale: jax.Array) -> jax.Array:
+    """E4M3 values ``RNE(clip(x32 / scale))`` (``scale`` broadcast to ``x32``; NaN scale ->
+    NaN values)."""
+    subnormal, mantissa, negative = _split_subnormal(x32)
+    normal_part = x32 / scale
+    # Subnormal x = (mantissa * 2**-24) * 2**-125: dividing the normal first factor rounds once,
+    # and the power-of-two factor is exact wherever the result can reach E4M3's range.
+    sub_part = (mantissa * jnp.float32(2.0**-24)) / scale * jnp.float32(2.0**-125)
+    sub_part = jnp.where(negative, -sub_part, sub_part)
+    return _cast_e4m3(jnp.where(subnormal, sub_part, normal_part), jnp.isnan(scale))
+
+
+def block_dequantize_values(values: jax.Array, scale: jax.Array) -> jax.Array:
+    """float32 ``values * scale`` (``scale`` broadcast), canonical NaN where either is NaN."""
+    v = values.astype(jnp.float32)
+    product = v * scale
+    nan = jax.lax.bitcast_convert_type(jnp.int32(_F32_NAN_BITS), jnp.float32)
+    return jnp.where(jnp.isnan(v) | jnp.isnan(scale), nan, product)
+
+
+def e8m0_from_exponent(e: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    byte = jnp.where(nonfinite, _E8M0_NAN_BYTE, e + 127).astype(jnp.uint8)
+    return jax.lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu)
+
+
+def exponent_from_e8m0(scales: jax.Array) -> jax.Array:
+    """int32 ``e`` of E8M0 scales; 128 for the NaN byte 0xFF."""
+    return jax.lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32) - 127
+
+
+# --- blocking along axes ----------------------------------------------------------------------
+
+def _blocks_last(x32: jax.Array, block: int) -> jax.Array:
+    """``[..., n]`` -> ``[..., ceil(n / block), block]``, zero-padded."""
+    n = x32.shape[-1]
+    pad = -n % block
+    if pad:
+        x32 = jnp.pad(x32, [(0, 0)] * (x32.ndim - 1) + [(0, pad)])
+    return x32.reshape(*x32.shape[:-1], (n + pad) // block, block)
+
+
+def _unblock_last(blocked: jax.Array, n: int) -> jax.Array:
+    return blocked.reshape(*blocked.shape[:-2], -1)[..., :n]
+
+
+def _tiles(x32: jax.Array, block: int) -> jax.Array:
+    """``[..., r, c]`` -> ``[..., ceil(r/b), b, ceil(c/b), b]``, zero-padded."""
+    r, c = x32.shape[-2:]
+    pads = [(0, 0)] * (x32.ndim - 2) + [(0, -r % block), (0, -c % block)]
+    x32 = jnp.pad(x32, pads)
+    return x32.reshape(*x32.shape[:-2], x32.shape[-2] // block, block, x32.shape[-1] // block,
+                       block)
+
+
+def _untile(tiled: jax.Array, r: int, c: int) -> jax.Array:
+    lead = tiled.shape[:-4]
+    rows = tiled.shape[-4] * tiled.shape[-3]
+    return tiled.reshape(*lead, rows, -1)[..., :r, :c]
+
+
+def quantize_mxfp8(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+    """OCP MXFP8: ``(values, scales)``, blocks of 32 along ``axis`` (module docstring).
+
+    Args:
+      x: floating-point array of any shape.
+      axis: the blocked axis (the GEMM's reduction axis).
+
+    Returns:
+      ``values``: ``float8_e4m3fn``, x's shape. ``scales``: ``float8_e8m0fnu``, x's shape with
+      ``ceil(n / 32)`` along ``axis``.
+    """
+    _check_float(x, "quantize_mxfp8")
+    axis = _check_axis(axis, x.ndim, "quantize_mxfp8")
+    x32 = jnp.moveaxis(to_float32(x), axis, -1)
+    blocks = _blocks_last(x32, MX_BLOCK)  # [..., nb, 32]
+    amax_bits = jnp.max(abs_bits(blocks), axis=-1)  # [..., nb]
+    nonfinite = amax_bits >= _NONFINITE_BITS
+    e = mx_exponent(amax_bits)
+    values = mx_values(blocks, e[..., None], nonfinite[..., None])
+    values = _unblock_last(values, x32.shape[-1])
+    scales = e8m0_from_exponent(e, nonfinite)
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(scales, -1, axis)
+
+
+def _check_dequantize(values, scales, fn, scale_dtype, expected_scales):
+    _check_float(values, fn, "values")
+    if values.dtype != jnp.float8_e4m3fn:
+        raise TypeError(f"{fn}: values must be float8_e4m3fn, got {values.dtype}")
+    if not hasattr(scales, "dtype") or scales.dtype != scale_dtype:
+        raise TypeError(f"{fn}: scales must be {jnp.dtype(scale_dtype).name}, got "
+                        f"{getattr(scales, 'dtype', type(scales).__name__)}")
+    if tuple(scales.shape) != tuple(expected_scales):
+        raise ValueError(f"{fn}: scales must have shape {tuple(expected_scales)} for values of "
+                         f"shape {tuple(values.shape)}, got {tuple(scales.shape)}")
+
+
+def dequantize_mxfp8(values: jax.Array, scales: jax.Array, axis: int = -1,
+                     dtype=jnp.float32) -> jax.Array:
+    """``values * 2**e`` in ``dtype`` (exact in float32), the inverse of :func:`quantize_mxfp8`.
+
+    ``values`` ``float8_e4m3fn`` of any shape, ``scales`` ``float8_e8m0fnu`` with
+    ``ceil(n / 32)`` entries along ``axis``.
+    """
+    fn = "dequantize_mxfp8"
+    _check_float(values, fn, "values")
+    axis = _check_axis(axis, values.ndim, fn)
+    n = values.shape[axis]
+    expected = (*values.shape[:axis], -(-n // MX_BLOCK), *values.shape[axis + 1:])
+    _check_dequantize(values, scales, fn, jnp.float8_e8m0fnu, expected)
+    e = jnp.repeat(exponent_from_e8m0(scales), MX_BLOCK, axis=axis,
+                   total_repeat_length=expected[axis] * MX_BLOCK)
+    e = jax.lax.slice_in_dim(e, 0, n, axis=axis)
+    return mx_dequantize_values(values, e).astype(dtype)
+
+
+def quantize_fp8_block(x: jax.Array, block=(1, BLOCK)) -> tuple[jax.Array, jax.Array]:
+    """DeepSeek-V3 block FP8: ``(values, scales)`` (module docstring).
+
+    Args:
+      x: floating-point array. ``block=(1, 128)``: blocks of 128 along the last axis (at least
+        1 dim); ``block=(128, 128)``: 128 x 128 tiles over the last two axes (at least 2 dims).
+
+    Returns:
+      ``values``: ``float8_e4m3fn``, x's shape. ``scales``: float32, ``[..., ceil(n/128)]`` or
+      ``[..., ceil(r/128), ceil(c/128)]``.
+    """
+    _check_float(x, "quantize_fp8_block")
+    block = _check_block(block, x.ndim, "quantize_fp8_block")
+    x32 = to_float32(x)
+    if block == (1, BLOCK):
+        blocks = _blocks_last(x32, BLOCK)
+        scale = block_scale(jnp.max(abs_bits(blocks), axis=-1))  # [..., nb]
+        values = _unblock_last(block_values(blocks, scale[..., None]), x32.shape[-1])
+        return values, scale
+    tiles = _tiles(x32, BLOCK)  # [..., nr, 128, nc, 128]
+    scale = block_scale(jnp.max(abs_bits(tiles), axis=(-3, -1)))  # [..., nr, nc]
+    values = block_values(tiles, scale[..., :, None, :, None])
+    return _untile(values, *x32.shape[-2:]), scale
+
+
+def dequantize_fp8_block(values: jax.Array, scales: jax.Array, block=(1, BLOCK),
+                         dtype=jnp.float32) -> jax.Array:
+    """``values * scale`` in ``dtype``, the inverse of :func:`quantize_fp8_block` (same
+    ``block``)."""
+    fn = "dequantize_fp8_block"
+    _check_float(values, fn, "values")
+    block = _check_block(block, values.ndim, fn)
+    if block == (1, BLOCK):
+        n = values.shape[-1]
+        expected = (*values.shape[:-1], -(-n // BLOCK))
+        _check_dequantize(values, scales, fn, jnp.float32, expected)
+        blocks = _blocks_last(values, BLOCK)
+        out = block_dequantize_values(blocks, scales[..., None])
+        return _unblock_last(out, n).astype(dtype)
+    r, c = values.shape[-2:]
+    expected = (*values.shape[:-2], -(-r // BLOCK), -(-c // BLOCK))
+    _check_dequantize(values, scales, fn, jnp.float32, expected)
+    out = block_dequantize_values(_tiles(values, BLOCK), scales[..., :, None, :, None])
+    return _untile(out, r, c).astype(dtype)
+
+
+def quantize(x: jax.Array, recipe: str, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+    """The recipe's activation quantizer along ``axis`` (mxfp8 1 x 32; fp8_block 1 x 128)."""
+    check_recipe(recipe)
+    if recipe == "mxfp8":
+        return quantize_mxfp8(x, axis)
+    _check_float(x, "quantize")
+    axis = _check_axis(axis, x.ndim, "quantize")
+    values, scales = quantize_fp8_block(jnp.moveaxis(x, axis, -1))
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(scales, -1, axis)
+
+
+def fake_quantize(x: jax.Array, recipe: str, axis: int = -1) -> jax.Array:
+    """``dequantize(quantize(x))`` along ``axis`` as float32: the activation operand a GEMM of the
+    FP8 layer sees."""
+    values, scales = quantize(x, recipe, axis)
+    if recipe == "mxfp8":
+        return dequantize_mxfp8(values, scales, axis)
+    axis = axis % x.ndim
+    out = dequantize_fp8_block(jnp.moveaxis(values, axis, -1), jnp.moveaxis(scales, axis, -1))
+    return jnp.moveaxis(out, -1, axis)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight stored in FP8 in the layout the kernels read: reduction axis last.
+
+    For a logical weight ``w`` of shape ``shape`` reduced over ``reduction_axis`` (e.g. expert
+    weights ``[E, K, N]`` with ``reduction_axis=1``), ``values = moveaxis(Q(w), reduction_axis,
+    -1)``: ``[E, N, K]`` ``float8_e4m3fn``. ``scales``: mxfp8 ``[E, N, ceil(K/32)]`` E8M0 (blocks
+    of 32 along K); fp8_block ``[E, ceil(N/128), ceil(K/128)]`` float32 (128 x 128 tiles).
+    ``recipe`` and ``reduction_axis`` are static pytree metadata. Build with
+    :meth:`quantize` (or :func:`jax_mok.quantize_params`); :meth:`dequantize` gives the logical
+    layout back. Forward use only: the layer refuses to differentiate through one.
+    """
+
+    values: jax.Array
+    scales: jax.Array
+    recipe: str = dataclasses.field(metadata=dict(static=True))
+    reduction_axis: int = dataclasses.field(metadata=dict(static=True))
+
+    @classmethod
+    def quantize(cls, w: jax.Array, recipe: str, reduction_axis: int) -> QuantizedWeight:
+        """Quantizes ``w`` (>= 2 dims) along ``reduction_axis`` with ``recipe``'s weight format:
+        mxfp8 blocks of 32 along it; fp8_block 128 x 128 tiles over the last two axes of the
+        stored layout (the reduction axis and the last other axis).
+        """
+        check_recipe(recipe)
+        _check_float(w, "QuantizedWeight.quantize", "w")
+        if w.ndim < 2:
+            raise ValueError(f"QuantizedWeight.quantize: w must have at least 2 dims, got shape "
+                             f"{tuple(w.shape)}")
+        axis = _check_axis(reduction_axis, w.ndim, "QuantizedWeight.quantize")
+        stored = jnp.moveaxis(w, axis, -1)
+        if recipe == "mxfp8":
+            values, scales = quantize_mxfp8(stored, -1)
+        else:
+            values, scales = quantize_fp8_block(stored, (BLOCK, BLOCK))
+        return cls(values, scales, recipe, axis)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical shape (the reduction axis back in its place)."""
+        shape = list(self.values.shape)
+        shape.insert(self.reduction_axis, shape.pop())
+        return tuple(shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.values.ndim
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """The weight in its logical layout and ``dtype``."""
+        if self.recipe == "mxfp8":
+            stored = dequantize_mxfp8(self.values, self.scales, -1, dtype)
+        else:
+            stored = dequantize_fp8_block(self.values, self.scales, (BLOCK, BLOCK), dtype)
+        return jnp.moveaxis(stored, -1, self.reduction_axis)
+
+
+def quantize_params(params, recipe: str, *, dtype=None):
+    """``params`` with its routed expert weights pre-quantized for inference and decode.
+
+    Returns a :class:`jax_mok.MoEParams` whose ``w_gate_up`` is a :class:`QuantizedWeight` along
+    H (stored ``[E, 2F, H]``) and ``w_down`` one along F (stored ``[E, H, F]``), the forward
+    layout of the FP8 layer, and whose config has ``quantization=recipe``. Router and shared
+    weights are unchanged. ``dtype``: cast the weights to it before quantizing; ``jax_mok.moe``
+    casts array weights to x's dtype before quantizing them, so pass x's dtype (or store the
+    params in it) for bitwise the same forward. Gradients through the result are refused.
+    """
+    from jax_mok.params import MoEParams
+
+    if not isinstance(params, MoEParams):
+        raise TypeError(f"quantize_params: params must be a jax_mok.MoEParams, got "
+                        f"{type(params).__name__}")
+    check_recipe(recipe)
+    config = params.config
+    if config.quantization not in (None, recipe):
+        raise ValueError(f"quantize_params: recipe={recipe!r} but params.config.quantization="
+                         f"{config.quantization!r}; they must agree")
+    weights = {}
+    for name in ("w_gate_up", "w_down"):
+        w = getattr(params, name)
+        if isinstance(w, QuantizedWeight):
+            raise ValueError(f"quantize_params: params.{name} is already a QuantizedWeight")
+        weights[name] = QuantizedWeight.quantize(w if dtype is None else w.astype(dtype),
+                                                 recipe, 1)
+    return dataclasses.replace(params, **weights,
+                               config=dataclasses.replace(config, quantization=recipe))
+
+
+def scale_count(n: int, recipe: str) -> int:
+    """Scales along a blocked axis of length ``n``."""
+    return math.ceil(n / (MX_BLOCK if recipe == "mxfp8" else BLOCK))
+
+
+__all__ = [
+    "BLOCK",
+    "E4M3_MAX",
+    "MX_BLOCK",
+    "RECIPES",
+    "QuantizedWeight",
+    "dequantize_fp8_block",
+    "dequantize_mxfp8",
+    "fake_quantize",
+    "quantize",
+    "quantize_fp8_block",
+    "quantize_mxfp8",
+    "quantize_params",
+]
