@@ -197,10 +197,13 @@ def block_values(x32: jax.Array, scale: jax.Array) -> jax.Array:
     """E4M3 values ``RNE(clip(x32 / scale))`` (``scale`` broadcast to ``x32``; NaN scale ->
     NaN values)."""
     subnormal, mantissa, negative = _split_subnormal(x32)
-    normal_part = x32 / scale
+    # The divisor as a full elementwise array: XLA rewrites division by a broadcast into
+    # multiplication by a rounded reciprocal, which is not the correctly rounded quotient.
+    divisor = jnp.where(mantissa < 0, jnp.float32(1.0), scale)  # mantissa >= 0: always scale
+    normal_part = x32 / divisor
     # Subnormal x = (mantissa * 2**-24) * 2**-125: dividing the normal first factor rounds once,
     # and the power-of-two factor is exact wherever the result can reach E4M3's range.
-    sub_part = (mantissa * jnp.float32(2.0**-24)) / scale * jnp.float32(2.0**-125)
+    sub_part = (mantissa * jnp.float32(2.0**-24)) / divisor * jnp.float32(2.0**-125)
     sub_part = jnp.where(negative, -sub_part, sub_part)
     return _cast_e4m3(jnp.where(subnormal, sub_part, normal_part), jnp.isnan(scale))
 
