@@ -45,6 +45,7 @@ LAST (``w_gate_up [E, H, 2F]`` quantized along H is stored ``[E, 2F, H]``), scal
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -268,7 +269,11 @@ def quantize_mxfp8(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
       ``ceil(n / 32)`` along ``axis``.
     """
     _check_float(x, "quantize_mxfp8")
-    axis = _check_axis(axis, x.ndim, "quantize_mxfp8")
+    return _quantize_mxfp8(x, _check_axis(axis, x.ndim, "quantize_mxfp8"))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _quantize_mxfp8(x, axis: int):
     x32 = jnp.moveaxis(to_float32(x), axis, -1)
     blocks = _blocks_last(x32, MX_BLOCK)  # [..., nb, 32]
     amax_bits = jnp.max(abs_bits(blocks), axis=-1)  # [..., nb]
@@ -305,8 +310,14 @@ def dequantize_mxfp8(values: jax.Array, scales: jax.Array, axis: int = -1,
     n = values.shape[axis]
     expected = (*values.shape[:axis], -(-n // MX_BLOCK), *values.shape[axis + 1:])
     _check_dequantize(values, scales, fn, jnp.float8_e8m0fnu, expected)
+    return _dequantize_mxfp8(values, scales, axis, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _dequantize_mxfp8(values, scales, axis: int, dtype):
+    n = values.shape[axis]
     e = jnp.repeat(exponent_from_e8m0(scales), MX_BLOCK, axis=axis,
-                   total_repeat_length=expected[axis] * MX_BLOCK)
+                   total_repeat_length=scales.shape[axis] * MX_BLOCK)
     e = jax.lax.slice_in_dim(e, 0, n, axis=axis)
     return mx_dequantize_values(values, e).astype(dtype)
 
@@ -323,7 +334,11 @@ def quantize_fp8_block(x: jax.Array, block=(1, BLOCK)) -> tuple[jax.Array, jax.A
       ``[..., ceil(r/128), ceil(c/128)]``.
     """
     _check_float(x, "quantize_fp8_block")
-    block = _check_block(block, x.ndim, "quantize_fp8_block")
+    return _quantize_fp8_block(x, _check_block(block, x.ndim, "quantize_fp8_block"))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _quantize_fp8_block(x, block: tuple[int, int]):
     x32 = to_float32(x)
     if block == (1, BLOCK):
         blocks = _blocks_last(x32, BLOCK)
@@ -344,15 +359,20 @@ def dequantize_fp8_block(values: jax.Array, scales: jax.Array, block=(1, BLOCK),
     _check_float(values, fn, "values")
     block = _check_block(block, values.ndim, fn)
     if block == (1, BLOCK):
-        n = values.shape[-1]
-        expected = (*values.shape[:-1], -(-n // BLOCK))
-        _check_dequantize(values, scales, fn, jnp.float32, expected)
-        blocks = _blocks_last(values, BLOCK)
-        out = block_dequantize_values(blocks, scales[..., None])
-        return _unblock_last(out, n).astype(dtype)
-    r, c = values.shape[-2:]
-    expected = (*values.shape[:-2], -(-r // BLOCK), -(-c // BLOCK))
+        expected = (*values.shape[:-1], -(-values.shape[-1] // BLOCK))
+    else:
+        r, c = values.shape[-2:]
+        expected = (*values.shape[:-2], -(-r // BLOCK), -(-c // BLOCK))
     _check_dequantize(values, scales, fn, jnp.float32, expected)
+    return _dequantize_fp8_block(values, scales, block, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _dequantize_fp8_block(values, scales, block: tuple[int, int], dtype):
+    if block == (1, BLOCK):
+        out = block_dequantize_values(_blocks_last(values, BLOCK), scales[..., None])
+        return _unblock_last(out, values.shape[-1]).astype(dtype)
+    r, c = values.shape[-2:]
     out = block_dequantize_values(_tiles(values, BLOCK), scales[..., :, None, :, None])
     return _untile(out, r, c).astype(dtype)
 

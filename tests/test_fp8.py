@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -44,7 +45,7 @@ PHASE_TOLERANCE = 1e-3
 # The whole layer against the unquantized layer. E4M3 rounds each operand with a relative RMS
 # error of ~2.65 % (half an ulp, 2**-4, spread over the mantissa; test_quantization checks it),
 # so a GEMM of two quantized operands is off by ~3.75 %, and y, which passes through two such
-# GEMMs and the SwiGLU product of two gate/up outputs, by ~6.5 % (measured 6.0-7.1 % for y and
+# GEMMs and the SwiGLU product of two gate/up outputs, by ~6.5 % (measured 6.0-7.5 % for y and
 # every gradient on these shapes, both recipes, both dtypes; the router gradient adds the
 # cancellation of its softmax Jacobian). Issue 13 asked for 5e-2, which E4M3 operands cannot
 # meet; 0.1 is the contract here.
@@ -219,54 +220,56 @@ CONFIGS = {
 }
 
 
-def _layer_grads(config, dtype, x_key=1):
+def _layer_grads(config, dtype, repeat: int = 1):
+    """``(y, (dx, d_params))`` of a linear loss (the same dy for every layer), ``repeat`` calls
+    of one compiled function."""
     params = testing.random_params(jax.random.key(0), config, dtype)
-    x = jax.random.normal(jax.random.key(x_key), (4, T // 4, H)).astype(dtype)
-    probe = jax.random.normal(jax.random.key(9), x.shape)  # a linear loss: the same dy for all
+    x = jax.random.normal(jax.random.key(1), (4, T // 4, H)).astype(dtype)
+    probe = jax.random.normal(jax.random.key(9), x.shape)
 
     def loss(x, params):
         y = jax_mok.moe(x, params)
         return jnp.sum(y.astype(jnp.float32) * probe), y
 
-    (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(x, params)
-    return params, x, y, grads
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    return [(lambda r: (r[0][1], r[1]))(fn(x, params)) for _ in range(repeat)]
+
+
+@functools.cache
+def _unquantized(case: str, dtype_name: str):
+    config = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
+                               **CONFIGS[case])
+    return _layer_grads(config, jnp.dtype(dtype_name))[0]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", list(CONFIGS))
-def test_layer_tracks_the_unquantized_layer(recipe, dtype, case):
-    base = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F, **CONFIGS[case])
-    _, _, y0, g0 = _layer_grads(base, dtype)
-    _, _, y1, g1 = _layer_grads(dataclasses.replace(base, quantization=recipe), dtype)
+@pytest.mark.parametrize("case,dtype", [("softmax", jnp.float32), ("softmax", jnp.bfloat16),
+                                        ("sigmoid_shared_capacity", jnp.bfloat16)])
+def test_layer_tracks_the_unquantized_layer_and_is_deterministic(recipe, case, dtype):
+    y0, g0 = _unquantized(case, jnp.dtype(dtype).name)
+    config = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
+                               quantization=recipe, **CONFIGS[case])
+    (y1, g1), again = _layer_grads(config, dtype, repeat=2)
+    for a, b in zip(jax.tree.leaves((y1, g1)), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bitwise deterministic
     assert y1.dtype == y0.dtype == jnp.dtype(dtype) and y1.shape == y0.shape
     errors = {"y": testing.rel_error(y1, y0), "dx": testing.rel_error(g1[0], g0[0])}
     for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0[1]),
                                  jax.tree.leaves(g1[1]), strict=True):
         assert got.dtype == want.dtype, jax.tree_util.keystr(path)
         errors[jax.tree_util.keystr(path)] = testing.rel_error(got, want)
-    assert all(0 < e <= LAYER_TOLERANCE or name.endswith(("router_bias", "shared_gate_up",
-                                                          "shared_down"))
-               for name, e in errors.items()), errors
-    # Quantization touches the routed experts only: the shared expert's gradients are the same.
-    for name in (".shared_gate_up", ".shared_down"):
-        if name in errors:
-            assert errors[name] < testing.tolerance(dtype), errors
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_deterministic(recipe):
-    config = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
-                               quantization=recipe)
-    first = _layer_grads(config, jnp.bfloat16)[2:]
-    second = _layer_grads(config, jnp.bfloat16)[2:]
-    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Quantization touches the routed experts only: the shared expert's gradients stay those of
+    # the unquantized layer, and sigmoid routing's bias has no gradient in either.
+    unchanged = (".shared_gate_up", ".shared_down", ".router_bias")
+    for name, err in errors.items():
+        if name in unchanged:
+            assert err < testing.tolerance(dtype), (name, errors)
+        else:
+            assert 0 < err <= LAYER_TOLERANCE, (name, errors)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("x_dtype,param_dtype", [(jnp.float32, jnp.float32),
-                                                 (jnp.bfloat16, jnp.bfloat16),
                                                  (jnp.bfloat16, jnp.float32)])
 def test_quantize_params_forward_is_bitwise_the_same(recipe, x_dtype, param_dtype):
     config = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
@@ -274,9 +277,9 @@ def test_quantize_params_forward_is_bitwise_the_same(recipe, x_dtype, param_dtyp
     params = testing.random_params(jax.random.key(0), config, param_dtype)
     x = jax.random.normal(jax.random.key(1), (T, H)).astype(x_dtype)
     quantized = jax_mok.quantize_params(params, recipe, dtype=x_dtype)
-    want = jax.jit(jax_mok.moe)(x, params)
-    got = jax.jit(jax_mok.moe)(x, quantized)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    forward = jax.jit(jax_mok.moe)
+    np.testing.assert_array_equal(np.asarray(forward(x, quantized)),
+                                  np.asarray(forward(x, params)))
     with pytest.raises(TypeError, match="pre-quantized expert weights"):
         jax.grad(lambda x: jax_mok.moe(x, quantized).astype(jnp.float32).sum())(x)
 
@@ -289,9 +292,10 @@ def test_vmap_matches_per_example_calls():
     loss = lambda x, p: jnp.sum(jax_mok.moe(x, p) ** 2)  # noqa: E731
     batched = jax.jit(jax.vmap(lambda x: jax_mok.moe(x, params)))(xs)
     grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(0, None)))(xs, params)
+    forward, grad = jax.jit(jax_mok.moe), jax.jit(jax.grad(loss, argnums=(0, 1)))
     for i in range(xs.shape[0]):
-        assert testing.rel_error(batched[i], jax_mok.moe(xs[i], params)) < 1e-6
-        want = jax.grad(loss, argnums=(0, 1))(xs[i], params)
+        assert testing.rel_error(batched[i], forward(xs[i], params)) < 1e-6
+        want = grad(xs[i], params)
         for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True):
             assert testing.rel_error(got[i], ref) < 1e-6
 
@@ -305,13 +309,11 @@ def test_flax_modules_pass_the_config_through():
                                quantization="fp8_block")
     x = jax.random.normal(jax.random.key(1), (2, 8, H))
     layer = jax_mok.nnx.MoE(config, rngs=nnx.Rngs(0))
-    np.testing.assert_array_equal(np.asarray(layer(x)),
-                                  np.asarray(jax_mok.moe(x, layer.to_params())))
-    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
-    assert np.isfinite(np.asarray(grads.w_gate_up.get_value())).all()
-    variables = jax_mok.linen.MoE(config).init(jax.random.key(0), x)
-    assert jax_mok.linen.MoE(config).apply(variables, x, mutable=["intermediates"])[0].shape == (
-        x.shape)
+    np.testing.assert_array_equal(np.asarray(nnx.jit(lambda m, x: m(x))(layer, x)),
+                                  np.asarray(jax.jit(jax_mok.moe)(x, layer.to_params())))
+    module = jax_mok.linen.MoE(config, sow_aux=False)
+    variables = jax.jit(module.init)(jax.random.key(0), x)
+    assert jax.jit(module.apply)(variables, x).shape == x.shape
 
 
 def _cpu_mesh(ep: int):
@@ -323,10 +325,9 @@ def _cpu_mesh(ep: int):
                          devices=devices[:ep])
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_expert_parallel_xla_matches_single_device(recipe):
+def test_expert_parallel_xla_matches_single_device():
     config = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=64, ffn_size=48,
-                               quantization=recipe, capacity_factor=1.5)
+                               quantization="mxfp8", capacity_factor=1.5)
     params = testing.random_params(jax.random.key(0), config, jnp.float32)
     x = jax.random.normal(jax.random.key(1), (64, 64))
     mesh = _cpu_mesh(2)
@@ -337,12 +338,17 @@ def test_expert_parallel_xla_matches_single_device(recipe):
     want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, params)
     got = jax.jit(jax.value_and_grad(lambda x, p: loss(x, p, mesh=mesh, transport="xla"),
                                      argnums=(0, 1)))(x, params)
-    # The same rows in the same per-expert order: only float32 summation order differs.
+    # Each expert sees its rows in the same order (source devices hold consecutive tokens), so
+    # the token blocks of the weight gradients match: only float32 summation order differs.
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert testing.rel_error(a, b) < testing.tolerance(jnp.float32)
-    quantized = jax_mok.quantize_params(params, recipe)
+    # Pre-quantized experts travel through shard_map as QuantizedWeight pytrees.
+    params = dataclasses.replace(params, config=dataclasses.replace(config,
+                                                                    quantization="fp8_block"))
+    quantized = jax_mok.quantize_params(params, "fp8_block")
     y = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh, transport="xla"))(x, quantized)
-    assert testing.rel_error(y, jax_mok.moe(x, params)) < testing.tolerance(jnp.float32)
+    assert testing.rel_error(y, jax.jit(jax_mok.moe)(x, params)) < testing.tolerance(
+        jnp.float32)
     with pytest.raises(NotImplementedError, match="transport='peer' has no FP8 path"):
         jax_mok.moe(x, params, mesh=mesh, transport="peer")
 
@@ -380,7 +386,7 @@ def test_output_and_gradient_dtypes():
     def layer(x, w, w_gate_up, w_down):
         return fp8.routed_experts_fp8(x, ids, w, w_gate_up, w_down, "fp8_block")
 
-    y, vjp = jax.vjp(layer, x, w, w_gate_up, w_down)
-    dx, dw, dgu, dd = vjp(dy)
+    y, (dx, dw, dgu, dd) = jax.jit(lambda *a: (lambda y, vjp: (y, vjp(dy)))(
+        *jax.vjp(layer, *a)))(x, w, w_gate_up, w_down)
     assert y.dtype == dx.dtype == dgu.dtype == dd.dtype == jnp.bfloat16
     assert dw.dtype == jnp.float32 and dw.shape == w.shape

@@ -178,34 +178,43 @@ def _assert_bits(got, want, what: str):
 
 # --- bit-exactness ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
-def test_mxfp8_matches_oracle(family, dtype):
+def _stacked(seed: int, dtype) -> np.ndarray:
+    """Every family stacked: ``[families, rows, cols]`` (one compile covers them all)."""
     with np.errstate(over="ignore"):  # "huge" float32 values are infinities in float16
-        x = _families(np.random.default_rng(1))[family].astype(dtype)
-    for axis in (-1, 0):
+        return np.stack(list(_families(np.random.default_rng(seed)).values())).astype(dtype)
+
+
+def _per_family(got, want, what: str, axis: int = 0):
+    for i, family in enumerate(FAMILIES):
+        _assert_bits(np.take(np.asarray(got), i, axis), np.take(np.asarray(want), i, axis),
+                     f"{what} ({family})")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_mxfp8_matches_oracle(dtype):
+    x = _stacked(1, dtype)
+    for axis in (-1, 1):  # along the columns, and along the rows (6: one partial block)
         values, scales = jax.jit(qz.quantize_mxfp8, static_argnums=1)(jnp.asarray(x), axis)
         want_values, want_scales = np_quantize_mxfp8(x, axis)
-        _assert_bits(values, want_values, f"values ({family}, axis {axis})")
-        _assert_bits(scales, want_scales, f"scales ({family}, axis {axis})")
+        _per_family(values, want_values, f"values, axis {axis}")
+        _per_family(scales, want_scales, f"scales, axis {axis}")
         back = jax.jit(qz.dequantize_mxfp8, static_argnums=2)(values, scales, axis)
-        _assert_bits(back, np_dequantize_mxfp8(want_values, want_scales, axis),
-                     f"dequantized ({family}, axis {axis})")
+        _per_family(back, np_dequantize_mxfp8(want_values, want_scales, axis),
+                    f"dequantized, axis {axis}")
 
 
-@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-def test_fp8_block_matches_oracle(family, dtype):
-    x = _families(np.random.default_rng(2))[family].astype(dtype)
-    for block, shaped in (((1, 128), x), ((128, 128), np.tile(x, (30, 1)))):
+def test_fp8_block_matches_oracle(dtype):
+    x = _stacked(2, dtype)
+    for block, shaped in (((1, 128), x), ((128, 128), np.tile(x, (1, 30, 1)))):
         values, scales = jax.jit(qz.quantize_fp8_block, static_argnums=1)(jnp.asarray(shaped),
                                                                            block)
         want_values, want_scales = np_quantize_fp8_block(shaped, block)
-        _assert_bits(values, want_values, f"values ({family}, {block})")
-        _assert_bits(scales, want_scales, f"scales ({family}, {block})")
+        _per_family(values, want_values, f"values, {block}")
+        _per_family(scales, want_scales, f"scales, {block}")
         back = jax.jit(qz.dequantize_fp8_block, static_argnums=2)(values, scales, block)
-        _assert_bits(back, np_dequantize_fp8_block(want_values, want_scales, block),
-                     f"dequantized ({family}, {block})")
+        _per_family(back, np_dequantize_fp8_block(want_values, want_scales, block),
+                    f"dequantized, {block}")
 
 
 def test_shapes_partial_blocks_and_axes():
