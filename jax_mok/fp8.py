@@ -90,6 +90,8 @@ class Dispatch:
 
 
 def dispatch(topk_ids: jax.Array, num_experts: int) -> Dispatch:
+    """The expert-sorted order of ``topk_ids [T, k]``: a stable sort of the token-major
+    assignments by expert id, ids outside ``[0, num_experts)`` last (skipped)."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     key = jnp.where((flat >= 0) & (flat < num_experts), flat, num_experts)
@@ -120,14 +122,8 @@ def token_block_operand(t: jax.Array, segment: jax.Array, count: int, valid: jax
     that are not ``valid`` are zeros."""
     x32 = jnp.where(valid[:, None], qz.to_float32(t), 0.0)
     amax_bits = jax.ops.segment_max(qz.abs_bits(x32), segment, count,
-                                    indices_are_sorted=True)[segment]  # [N, C]
-    nonfinite = amax_bits >= 0x7F800000
-    if recipe == "mxfp8":
-        e = qz.mx_exponent(amax_bits)
-        values = qz.mx_values(x32, e, nonfinite)
-        return qz.mx_dequantize_values(values, jnp.where(nonfinite, 128, e))
-    scale = qz.block_scale(amax_bits)
-    return qz.block_dequantize_values(qz.block_values(x32, scale), scale)
+                                    indices_are_sorted=True)  # [count, C]
+    return qz.fake_quantize_with_amax(x32, amax_bits[segment], recipe)
 
 
 # --- GEMMs ------------------------------------------------------------------------------------

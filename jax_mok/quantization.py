@@ -227,6 +227,18 @@ def exponent_from_e8m0(scales: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32) - 127
 
 
+def fake_quantize_with_amax(x32: jax.Array, amax_bits: jax.Array, recipe: str) -> jax.Array:
+    """float32 ``deq(Q(x32))`` where each element's block has ``|amax|`` bits ``amax_bits``
+    (broadcast to ``x32``): the format's element rules for blocks of any shape."""
+    nonfinite = amax_bits >= _NONFINITE_BITS
+    if recipe == "mxfp8":
+        e = mx_exponent(amax_bits)
+        values = mx_values(x32, e, nonfinite)
+        return mx_dequantize_values(values, jnp.where(nonfinite, 128, e))
+    scale = block_scale(amax_bits)
+    return block_dequantize_values(block_values(x32, scale), scale)
+
+
 # --- blocking along axes ----------------------------------------------------------------------
 
 def _blocks_last(x32: jax.Array, block: int) -> jax.Array:
