@@ -32,11 +32,14 @@ class LMConfig:
     ffn: int = 64
     routing: str = "softmax"
     capacity_factor: float | None = 1.5
+    quantization: str | None = None  # None, "mxfp8" or "fp8_block": the MoE's expert GEMMs
+    moe_dtype: str | None = None  # the MoE layer's computation dtype (None: the model's)
 
     def moe_config(self) -> jax_mok.MoEConfig:
         return jax_mok.MoEConfig(num_experts=self.experts, top_k=self.top_k,
                                  hidden_size=self.hidden, ffn_size=self.ffn,
-                                 routing=self.routing, capacity_factor=self.capacity_factor)
+                                 routing=self.routing, capacity_factor=self.capacity_factor,
+                                 quantization=self.quantization)
 
 
 class Block(nnx.Module):
@@ -45,13 +48,14 @@ class Block(nnx.Module):
         self.attn = nnx.MultiHeadAttention(config.heads, config.hidden, decode=False,
                                            use_bias=False, rngs=rngs)
         self.moe_norm = nnx.RMSNorm(config.hidden, rngs=rngs)
-        self.moe = jax_mok.nnx.MoE(config.moe_config(), rngs=rngs, sow_aux=False)
+        self.moe = jax_mok.nnx.MoE(config.moe_config(), dtype=config.moe_dtype, rngs=rngs,
+                                   sow_aux=False)
 
     def __call__(self, h: jax.Array, mask: jax.Array):
         """``h [B, S, H]`` -> ``(h [B, S, H], aux)``."""
         h = h + self.attn(self.attn_norm(h), mask=mask)
         y, aux = self.moe(self.moe_norm(h), return_aux=True)
-        return h + y, aux
+        return h + y.astype(h.dtype), aux
 
 
 class MoELM(nnx.Module):

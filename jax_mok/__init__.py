@@ -4,13 +4,15 @@ The layers, bottom-up (docs/architecture.md): ``config``, ``params``, ``tuning``
 -> ``reference`` -> ``kernels`` -> ``ep`` -> ``api`` -> ``nnx`` / ``linen``.
 """
 
-from jax_mok import ep, hf, optim, reference, routing, sharding, tuning
+from jax_mok import ep, hf, optim, quantization, reference, routing, sharding, tuning
 from jax_mok.api import moe
 from jax_mok.config import MoEConfig
-from jax_mok.params import MoEParams, init_params
+from jax_mok.params import MoEParams, init_params, quantize_params
+from jax_mok.quantization import QuantizedWeight
 from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
 
 __version__ = "0.1.0"
 
-__all__ = ["KernelTuning", "MoEConfig", "MoEParams", "PeerTuning", "Tuning", "__version__", "ep",
-           "hf", "init_params", "moe", "optim", "reference", "routing", "sharding", "tuning"]
+__all__ = ["KernelTuning", "MoEConfig", "MoEParams", "PeerTuning", "QuantizedWeight", "Tuning",
+           "__version__", "ep", "hf", "init_params", "moe", "optim", "quantization",
+           "quantize_params", "reference", "routing", "sharding", "tuning"]

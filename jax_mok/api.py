@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jax_mok import ep, reference
 from jax_mok.config import MoEConfig
-from jax_mok.kernels import _ffi, autodiff
+from jax_mok.kernels import _ffi, autodiff, fp8
 from jax_mok.params import MoEParams, validate
 from jax_mok.tuning import Tuning, resolve
 
@@ -73,7 +73,10 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
 
     Returns:
       ``y`` with the shape and dtype of ``x`` (and ``aux`` when ``return_aux``). Expert weights are
-      cast to ``x.dtype`` for the GEMMs; accumulation is float32.
+      cast to ``x.dtype`` for the GEMMs; accumulation is float32. With ``config.quantization``
+      the routed experts run in FP8 (:mod:`jax_mok.fp8` states the semantics; the weights are
+      cast to x's dtype, then quantized), and ``params`` may hold pre-quantized experts
+      (:func:`jax_mok.quantize_params`, forward only).
     """
     config = validate(x, params)
     if implementation is None:
@@ -95,8 +98,13 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
     if plan is not None:
         return ep.moe_expert_parallel(x, params, plan, return_aux=return_aux,
                                       implementation=implementation, tuning=tuning)
-    experts = functools.partial(autodiff.routed_experts, implementation=implementation,
-                                save_activations=config.save_activations, tuning=tuning)
+    if config.quantization is not None:  # the FP8 layer (jax_mok.fp8 states its semantics)
+        experts = functools.partial(fp8.routed_experts_fp8, recipe=config.quantization,
+                                    implementation=implementation,
+                                    save_activations=config.save_activations)
+    else:
+        experts = functools.partial(autodiff.routed_experts, implementation=implementation,
+                                    save_activations=config.save_activations, tuning=tuning)
     return reference.layer(x, params, experts, return_aux=return_aux)
 
 

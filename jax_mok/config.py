@@ -8,6 +8,7 @@ import math
 _ROUTINGS = ("softmax", "sigmoid")
 _ACTIVATIONS = ("swiglu",)
 _ROUTER_PRECISIONS = ("highest", "high", "default")
+_QUANTIZATIONS = (None, "mxfp8", "fp8_block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,12 @@ class MoEConfig:
         the S2 forward at 8192 tokens on an H200); ``"high"``: three bfloat16 passes on the
         tensor cores (about float32 accuracy); ``"default"``: one reduced-precision pass
         (TF32-like), which can flip the choice between nearly tied experts.
+      quantization: ``None`` (the expert GEMMs in x's dtype), ``"mxfp8"`` (OCP MX: E4M3 values,
+        one power-of-two scale per 32 elements along each GEMM's reduction axis) or
+        ``"fp8_block"`` (DeepSeek-V3: E4M3 values, float32 scales per 1 x 128 activation block
+        and 128 x 128 weight tile). Routing, the shared expert and accumulation are unchanged;
+        see :mod:`jax_mok.fp8` for the exact semantics. The FP8 layer is pure JAX today and
+        always recomputes h in the backward (``save_activations`` changes nothing there).
     """
 
     num_experts: int
@@ -62,6 +69,7 @@ class MoEConfig:
     activation: str = "swiglu"
     save_activations: bool | None = None
     router_precision: str = "highest"
+    quantization: str | None = None
 
     def __post_init__(self):
         def positive_int(name):
@@ -82,6 +90,11 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.router_precision must be one of {_ROUTER_PRECISIONS}, "
                 f"got {self.router_precision!r}"
+            )
+        if self.quantization not in _QUANTIZATIONS:
+            raise ValueError(
+                f"MoEConfig.quantization must be one of {_QUANTIZATIONS}, "
+                f"got {self.quantization!r}"
             )
         if self.activation not in _ACTIVATIONS:
             raise ValueError(

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mok.config import MoEConfig
+from jax_mok.quantization import QuantizedWeight, check_recipe, check_weights
 
 
 @jax.tree_util.register_dataclass
@@ -100,6 +101,7 @@ def validate(x, params) -> MoEConfig:
             f"x must have shape [..., hidden_size={config.hidden_size}], got {tuple(x.shape)}"
         )
     E, H, F, S = config.num_experts, config.hidden_size, config.ffn_size, config.shared_size
+    check_weights(params.w_gate_up, params.w_down, config.quantization)
     _expect_shape("router", params.router, (H, E))
     _expect_shape("w_gate_up", params.w_gate_up, (E, H, 2 * F))
     _expect_shape("w_down", params.w_down, (E, F, H))
@@ -125,3 +127,32 @@ def validate(x, params) -> MoEConfig:
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"params.{name} must be floating point, got dtype {dtype}")
     return config
+
+
+def quantize_params(params, recipe: str, *, dtype=None):
+    """``params`` with its routed expert weights pre-quantized for inference and decode.
+
+    Returns a :class:`jax_mok.MoEParams` whose ``w_gate_up`` is a :class:`QuantizedWeight` along
+    H (stored ``[E, 2F, H]``) and ``w_down`` one along F (stored ``[E, H, F]``), the forward
+    layout of the FP8 layer, and whose config has ``quantization=recipe``. Router and shared
+    weights are unchanged. ``dtype``: cast the weights to it before quantizing; ``jax_mok.moe``
+    casts array weights to x's dtype before quantizing them, so pass x's dtype (or store the
+    params in it) for bitwise the same forward. Gradients through the result are refused.
+    """
+    if not isinstance(params, MoEParams):
+        raise TypeError(f"quantize_params: params must be a jax_mok.MoEParams, got "
+                        f"{type(params).__name__}")
+    check_recipe(recipe)
+    config = params.config
+    if config.quantization not in (None, recipe):
+        raise ValueError(f"quantize_params: recipe={recipe!r} but params.config.quantization="
+                         f"{config.quantization!r}; they must agree")
+    weights = {}
+    for name in ("w_gate_up", "w_down"):
+        w = getattr(params, name)
+        if isinstance(w, QuantizedWeight):
+            raise ValueError(f"quantize_params: params.{name} is already a QuantizedWeight")
+        weights[name] = QuantizedWeight.quantize(w if dtype is None else w.astype(dtype),
+                                                 recipe, 1)
+    return dataclasses.replace(params, **weights,
+                               config=dataclasses.replace(config, quantization=recipe))

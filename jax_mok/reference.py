@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mok.params import MoEParams, validate
+from jax_mok.quantization import cast_weight
 from jax_mok.routing import DROPPED, aux_losses, rank_in_group, route
 
 
@@ -157,8 +158,8 @@ def layer(x: jax.Array, params: MoEParams, experts: RoutedExperts, *, return_aux
     lead = x.shape[:-1]
     x2d = x.reshape(-1, config.hidden_size)
     routing, routed_ids = route(x2d, params.router, params.router_bias, config)
-    y = experts(x2d, routing.topk_ids, routing.topk_weights, params.w_gate_up.astype(x.dtype),
-                params.w_down.astype(x.dtype))
+    y = experts(x2d, routing.topk_ids, routing.topk_weights, cast_weight(params.w_gate_up, x.dtype),
+                cast_weight(params.w_down, x.dtype))
     if config.shared_size:
         shared = swiglu_mlp(x2d, params.shared_gate_up, params.shared_down, params.shared_gate)
         y = (y.astype(jnp.float32) + shared).astype(x.dtype)

@@ -70,3 +70,19 @@ def test_hf_qwen3_moe(tmp_path):
     (layer,) = result.values()
     assert layer["round_trip"] is True
     assert layer["relative_difference"] < 1e-2  # bfloat16 layer vs float32 reference
+
+
+def test_fp8_training_tracks_bf16(tmp_path):
+    """The tiny LM with mxfp8 / fp8_block experts ends within 2 % of the bf16 run's loss (same
+    seed, data, steps; the final loss is the mean of the last 10 steps' train losses)."""
+    plot = tmp_path / "fp8.png"
+    result = _run_main("fp8_tiny_moe_lm", [
+        "--steps", "40", "--hidden", "32", "--ffn", "32", "--layers", "1", "--seq-len", "32",
+        "--log-every", "20", "--tail", "10", "--plot", str(plot),
+    ], tmp_path)
+    base = result["bf16"]
+    assert base["final_loss"] < base["losses"][0] - 1.0, "the bf16 run did not train"
+    for name in ("mxfp8", "fp8_block"):
+        change = result[name]["final_loss"] / base["final_loss"] - 1
+        assert abs(change) < 0.02, f"{name}: final loss {100 * change:+.2f} % vs bf16"
+    assert plot.read_bytes()[:4] == b"\x89PNG"

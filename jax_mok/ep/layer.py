@@ -32,6 +32,7 @@ from jax_mok.ep import pack, plan, workspace
 from jax_mok.ep.peer import PeerTransport
 from jax_mok.ep.transport import Transport, XlaTransport
 from jax_mok.params import MoEParams
+from jax_mok.quantization import cast_weight
 from jax_mok.routing import Routing, aux_losses, count_per_expert, route
 from jax_mok.tuning import Tuning, resolve
 
@@ -53,7 +54,8 @@ def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_g
     ``shard_map`` (once per mesh, axis and sizes)."""
     save = config.save_activations
     if ep_plan.transport != "peer":
-        return XlaTransport(ep_plan.expert_axis, implementation, save, tuning)
+        return XlaTransport(ep_plan.expert_axis, implementation, save, tuning,
+                            config.quantization)
     spec = workspace.WorkspaceSpec.for_call(config, tokens_local, tokens_global,
                                             ep_plan.ep_size, dtype)
     ws = workspace.workspace_for(ep_plan.mesh, ep_plan.expert_axis, spec, config,
@@ -72,7 +74,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
     """
     config = params.config
     tuning = resolve(tuning)
-    ep_plan = plan.resolve_transport(ep_plan)
+    ep_plan = plan.resolve_transport(ep_plan, config.quantization)
     ep = ep_plan.ep_size
     E = config.num_experts
     if E % ep:
@@ -107,7 +109,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
         if config.capacity_factor is not None:
             ids = pack.global_capacity(ids, config, token_axes, tokens_global)
         packed, overflow = pack.pack(x_loc, ids, routing.topk_weights, ep, experts_local, rows)
-        y = transport.experts(packed, w_gate_up.astype(dtype), w_down.astype(dtype))
+        y = transport.experts(packed, cast_weight(w_gate_up, dtype), cast_weight(w_down, dtype))
         if config.shared_size:
             y = y + reference.swiglu_mlp(x_loc, shared_gate_up, shared_down, shared_gate)
         y = y.astype(dtype)

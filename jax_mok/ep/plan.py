@@ -43,13 +43,24 @@ def default_transport() -> str:
     return tuning.read("JAX_MOK_TRANSPORT") or "auto"
 
 
-def resolve_transport(plan: ExpertParallel) -> ExpertParallel:
+def resolve_transport(plan: ExpertParallel, quantization: str | None = None) -> ExpertParallel:
     """The plan with transport "xla" or "peer", asking for peer availability once: "auto" ->
     "peer" where available, else "xla" (warning once per reason); "peer" where unavailable ->
-    NotImplementedError naming the reason."""
+    NotImplementedError naming the reason. The FP8 layer (``quantization``) has no peer path:
+    "peer" raises, "auto" picks "xla" (warning once where "peer" was available)."""
     if plan.transport == "xla":
         return plan
     available, reason = workspace.peer_transport_available(plan.mesh, plan.expert_axis)
+    if quantization is not None:
+        if plan.transport == "peer":
+            raise NotImplementedError(
+                f"transport='peer' has no FP8 path yet (quantization={quantization!r}); use "
+                "transport='xla'")
+        reason = f"the peer transport has no FP8 path yet (quantization={quantization!r})"
+        if available and plan.ep_size > 1 and reason not in _WARNED:
+            _WARNED.add(reason)
+            warnings.warn(f"jax_mok: transport 'auto' uses 'xla': {reason}", stacklevel=3)
+        return dataclasses.replace(plan, transport="xla")
     if plan.transport == "peer":
         if not available:
             # Only where every device of the expert axis is an NVLink peer with the CUDA build

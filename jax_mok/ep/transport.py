@@ -17,7 +17,7 @@ from typing import Protocol
 import jax
 
 from jax_mok.ep.pack import Packed, home_sum
-from jax_mok.kernels import autodiff
+from jax_mok.kernels import autodiff, fp8
 from jax_mok.tuning import Tuning
 
 
@@ -32,15 +32,22 @@ class Transport(Protocol):
 
 def experts_on_rows(recv_x: jax.Array, recv_ids: jax.Array, recv_w: jax.Array,
                     w_gate_up: jax.Array, w_down: jax.Array, implementation: str,
-                    save_activations: bool | None, tuning: Tuning) -> jax.Array:
+                    save_activations: bool | None, tuning: Tuning,
+                    quantization: str | None = None) -> jax.Array:
     """This device's experts on the rows it received, ``[EP, R, H]`` (ids, weights
     ``[EP, R, k]``; local expert ids, -1 skipped) → ``[EP, R, H]``: each row's local experts
-    summed; padding rows (every id -1) give zeros."""
+    summed; padding rows (every id -1) give zeros. With ``quantization`` the FP8 layer
+    (:mod:`jax_mok.kernels.fp8`; its weight-gradient token blocks follow the received rows'
+    order)."""
     ep, rows, H = recv_x.shape
-    out = autodiff.routed_experts(
-        recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
-        recv_w.reshape(ep * rows, -1), w_gate_up, w_down, implementation=implementation,
-        save_activations=save_activations, tuning=tuning)
+    args = (recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
+            recv_w.reshape(ep * rows, -1), w_gate_up, w_down)
+    if quantization is not None:
+        out = fp8.routed_experts_fp8(*args, quantization, implementation=implementation,
+                                     save_activations=save_activations)
+    else:
+        out = autodiff.routed_experts(*args, implementation=implementation,
+                                      save_activations=save_activations, tuning=tuning)
     return out.reshape(ep, rows, H)
 
 
@@ -52,18 +59,20 @@ class XlaTransport:
       axis: the expert axis.
       implementation, save_activations: of the local kernels (:func:`autodiff.routed_experts`).
       tuning: the call's resolved :class:`jax_mok.Tuning`.
+      quantization: the FP8 recipe of the experts, or None (MoEConfig.quantization).
     """
 
     axis: str
     implementation: str
     save_activations: bool | None
     tuning: Tuning
+    quantization: str | None = None
 
     def experts(self, packed: Packed, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
         received = (jax.lax.all_to_all(a, self.axis, 0, 0, tiled=True)  # [EP, R, ...]
                     for a in (packed.x, packed.ids, packed.weights))
         out = experts_on_rows(*received, w_gate_up, w_down, self.implementation,
-                              self.save_activations, self.tuning)
+                              self.save_activations, self.tuning, self.quantization)
         back = jax.lax.all_to_all(out, self.axis, 0, 0, tiled=True)
         return home_sum(back, packed.row, packed.sent, packed.token_of_row, packed.padding)
 

@@ -259,7 +259,63 @@ def ep_moe_backward(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h, workspace_id
                 workspace_id=np.int64(workspace_id), **attrs)
 
 
+# ------------------------------------------------------------------ FP8 (CUDA)
+# Operands are E4M3 values with their scales (jax_mok.quantization), every one K-major (the
+# reduction dim last): x / dy [T, H] along H; the forward's weights w_gate_up [E, 2F, H] and
+# w_down [E, H, F]; the backward's w_down [E, F, H] (along H) and w_gate_up [E, H, 2F] (along
+# 2F). Attribute `recipe`: 1 mxfp8, 2 fp8_block (FP8_RECIPES).
+FP8_RECIPES = {"mxfp8": 1, "fp8_block": 2}
+
+
+def fp8_forward(x_q, topk_ids, topk_weights, w_gate_up_q, w_down_q, recipe: str, dtype,
+                save: bool):
+    """``mok_moe_fwd_fp8`` (``save``: ``mok_moe_fwd_train_fp8``): ``x_q``, ``w_*_q`` are
+    ``(values, scales)`` pairs; returns ``(y [T, H] in dtype, h [T*k, 2F] in dtype or None)``."""
+    T, H = x_q[0].shape
+    F = w_down_q[0].shape[-1]
+    y = jax.ShapeDtypeStruct((T, H), dtype)
+    operands = (*x_q, topk_ids, topk_weights, *w_gate_up_q, *w_down_q)
+    code = np.int32(FP8_RECIPES[recipe])
+    if save:
+        h = jax.ShapeDtypeStruct((T * topk_ids.shape[1], 2 * F), dtype)
+        return jax.ffi.ffi_call("mok_moe_fwd_train_fp8", (y, h))(*operands, recipe=code)
+    return jax.ffi.ffi_call("mok_moe_fwd_fp8", y)(*operands, recipe=code), None
+
+
+def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_down_bwd,
+                 w_gate_up_bwd, h, recipe: str):
+    """``mok_moe_bwd_fp8`` (``h`` given: ``mok_moe_bwd_saved_fp8``) -> ``(dx [T, H],
+    d_topk_weights [T, k] f32, d_w_gate_up [E, H, 2F], d_w_down [E, F, H])`` in dy's dtype."""
+    E, two_f, H = w_gate_up_fwd[0].shape
+    T, k = topk_ids.shape
+    dtype = dy.dtype
+    outs = (jax.ShapeDtypeStruct((T, H), dtype), jax.ShapeDtypeStruct((T, k), jnp.float32),
+            jax.ShapeDtypeStruct((E, H, two_f), dtype),
+            jax.ShapeDtypeStruct((E, two_f // 2, H), dtype))
+    operands = [dy, *dy_q, x2d, *x_q, topk_ids, topk_weights, *w_gate_up_fwd, *w_down_bwd,
+                *w_gate_up_bwd]
+    code = np.int32(FP8_RECIPES[recipe])
+    if h is not None:
+        return jax.ffi.ffi_call("mok_moe_bwd_saved_fp8", outs)(*operands, h, recipe=code)
+    return jax.ffi.ffi_call("mok_moe_bwd_fp8", outs)(*operands, recipe=code)
+
+
+def quantize_rows(x, recipe: str):
+    """``mok_quantize`` (CUDA): ``x [R, C]`` (C a multiple of 128) quantized along C by the
+    kernels' own quantizer -> ``(values [R, C] e4m3, scales)``; the GPU tests compare its bits
+    with jax_mok.quantization."""
+    R, C = x.shape
+    if recipe == "mxfp8":
+        scales = jax.ShapeDtypeStruct((R, C // 32), jnp.float8_e8m0fnu)
+    else:
+        scales = jax.ShapeDtypeStruct((R, C // 128), jnp.float32)
+    values = jax.ShapeDtypeStruct((R, C), jnp.float8_e4m3fn)
+    return jax.ffi.ffi_call("mok_quantize", (values, scales))(
+        x, recipe=np.int32(FP8_RECIPES[recipe]))
+
+
 __all__ = [
+    "FP8_RECIPES",
     "FUSED_PEER_TARGETS",
     "KERNEL_TARGETS",
     "STAGED_PEER_TARGETS",
@@ -269,9 +325,12 @@ __all__ = [
     "ep_moe_backward",
     "ep_moe_forward",
     "ep_moe_forward_train",
+    "fp8_backward",
+    "fp8_forward",
     "home_sum",
     "moe_backward",
     "moe_backward_saved",
     "moe_forward",
     "moe_forward_train",
+    "quantize_rows",
 ]

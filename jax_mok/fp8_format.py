@@ -1,0 +1,196 @@
+"""The FP8 formats' element-level rules, exact on every platform (bit-level where float
+arithmetic could round or flush differently): the pieces :mod:`jax_mok.quantization` assembles
+into its public functions. The rules themselves are stated in that module's docstring; the CUDA
+kernels (ffi/cuda/device/fp8_format.cuh) implement the same ones."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+RECIPES = ("mxfp8", "fp8_block")
+E4M3_MAX = 448.0
+MX_BLOCK = 32
+BLOCK = 128
+BLOCK_SHAPES = ((1, BLOCK), (BLOCK, BLOCK))
+# The smallest fp8_block scale: 2**-117 * 2**-9 (the smallest E4M3 subnormal) = 2**-126, the
+# smallest normal float32.
+MIN_BLOCK_SCALE = 2.0**-117
+
+NONFINITE_BITS = 0x7F800000  # |x| bits at or above this: infinity or NaN
+_MANTISSA = 0x7FFFFF
+_E4M3_NAN_BYTE = 0x7F
+_E8M0_NAN_BYTE = 0xFF
+_F32_NAN_BITS = 0x7FC00000
+
+
+def check_recipe(recipe, name: str = "recipe") -> str:
+    """Returns ``recipe`` if it is one of :data:`RECIPES`, else raises ValueError."""
+    if recipe not in RECIPES:
+        raise ValueError(f"{name} must be one of {RECIPES}, got {recipe!r}")
+    return recipe
+
+
+def check_float(x, fn: str, name: str = "x"):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{fn}: {name} must be an array, got {type(x).__name__}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{fn}: {name} must be a floating-point array, got dtype {x.dtype}")
+
+
+def check_axis(axis, ndim: int, fn: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer) or not (
+            -ndim <= axis < ndim):
+        raise ValueError(f"{fn}: axis must be an int in [{-ndim}, {ndim}) for an array of "
+                         f"{ndim} dims, got {axis!r}")
+    return int(axis) % ndim
+
+
+def check_block(block, ndim: int, fn: str) -> tuple[int, int]:
+    block = tuple(block) if isinstance(block, tuple | list) else block
+    if block not in BLOCK_SHAPES:
+        raise ValueError(f"{fn}: block must be one of {BLOCK_SHAPES}, got {block!r}")
+    need = 2 if block == (BLOCK, BLOCK) else 1
+    if ndim < need:
+        raise ValueError(f"{fn}: block={block} needs an array of at least {need} dims, got "
+                         f"{ndim}")
+    return block
+
+
+# --- bit-level primitives (exact on every platform) -------------------------------------------
+
+def to_float32(x: jax.Array) -> jax.Array:
+    """``x`` as float32, exactly. bfloat16 widens through its bits (the top half of a float32),
+    so subnormals survive platforms that flush them in arithmetic."""
+    if x.dtype == jnp.bfloat16:
+        wide = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
+        return jax.lax.bitcast_convert_type(wide, jnp.float32)
+    return x.astype(jnp.float32)
+
+
+def abs_bits(x32: jax.Array) -> jax.Array:
+    """int32 bits of ``|x32|``: ordered like the magnitudes, NaN above infinity."""
+    return jax.lax.bitcast_convert_type(x32, jnp.int32) & 0x7FFFFFFF
+
+
+def _pow2(n: jax.Array) -> jax.Array:
+    """float32 ``2**n`` for int32 ``n`` in ``[-126, 127]`` (built from the exponent bits)."""
+    return jax.lax.bitcast_convert_type((n + 127) << 23, jnp.float32)
+
+
+def _split_subnormal(x32: jax.Array):
+    """``(subnormal, mantissa)``: whether ``x32`` is a zero or subnormal, and its 23-bit mantissa
+    as a (positive, exactly representable) float32."""
+    bits = jax.lax.bitcast_convert_type(x32, jnp.int32)
+    subnormal = (bits & NONFINITE_BITS) == 0
+    return subnormal, (bits & _MANTISSA).astype(jnp.float32), bits < 0
+
+
+def _cast_e4m3(scaled: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    values = jnp.clip(scaled, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
+    nan = jax.lax.bitcast_convert_type(jnp.uint8(_E4M3_NAN_BYTE), jnp.float8_e4m3fn)
+    return jnp.where(nonfinite, nan, values)
+
+
+def mx_exponent(amax_bits: jax.Array) -> jax.Array:
+    """int32 E8M0 exponent ``e`` in ``[-127, 127]`` of blocks with ``|amax|`` bits ``amax_bits``
+    (meaningless where the block is non-finite)."""
+    field = amax_bits >> 23
+    mantissa = amax_bits & _MANTISSA
+    # amax = m * 2**q with q = field - 126 and m = (1 + mantissa / 2**23) / 2; m <= 0.875 is
+    # mantissa <= 0.75 * 2**23.
+    e = field - 126 - jnp.where(mantissa <= 0x600000, 9, 8)
+    return jnp.where(field == 0, -127, jnp.clip(e, -127, 127)).astype(jnp.int32)
+
+
+def mx_values(x32: jax.Array, e: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    """E4M3 values ``RNE(clip(x32 * 2**-e))`` (``e``, ``nonfinite`` broadcast to ``x32``)."""
+    subnormal, mantissa, negative = _split_subnormal(x32)
+    # 2**-e is a normal float32 (-e in [-127, 127]; e = 127 only past float32's range), so the
+    # product of a normal input is exact unless it is below 2**-126, far under E4M3's smallest
+    # half-subnormal 2**-10: such a product becomes +-0 whether or not it is flushed.
+    normal_part = x32 * _pow2(jnp.clip(-e, -126, 127))
+    # A subnormal input is mantissa * 2**-149. Where that scales into E4M3's range (e <= -23),
+    # 2**(-149 - e) is a normal float32 and the product exact; elsewhere the result is below
+    # 2**-103 and rounds to zero either way.
+    sub_part = mantissa * _pow2(jnp.maximum(-149 - e, -126))
+    sub_part = jnp.where(negative, -sub_part, sub_part)
+    return _cast_e4m3(jnp.where(subnormal, sub_part, normal_part), nonfinite)
+
+
+def mx_dequantize_values(values: jax.Array, e: jax.Array) -> jax.Array:
+    """float32 ``values * 2**e`` assembled from the bits (exact, subnormal results included);
+    ``e`` int32 broadcast to ``values``, NaN where the scale byte was 0xFF (pass ``e = 128``)."""
+    byte = jax.lax.bitcast_convert_type(values, jnp.uint8).astype(jnp.int32)
+    field = (byte >> 3) & 15
+    mantissa = byte & 7
+    # |v| = k * 2**-9 with k < 2**18: normal (8 + m) * 2**(field - 10), subnormal m * 2**-9.
+    k = jnp.where(field > 0, (8 + mantissa) << jnp.maximum(field - 1, 0), mantissa)
+    shift = e - 9  # |v| * 2**e = k * 2**shift
+    k_bits = jax.lax.bitcast_convert_type(k.astype(jnp.float32), jnp.int32)  # exact: k < 2**24
+    biased = (k_bits >> 23) + shift
+    normal = (biased << 23) | (k_bits & _MANTISSA)
+    # Below 2**-126 the result is k * 2**shift = (k << (shift + 149)) * 2**-149 exactly: it is a
+    # subnormal, and shift + 149 >= 13 since e >= -127.
+    subnormal = k << jnp.clip(shift + 149, 0, 31)
+    bits = jnp.where(biased >= 255, NONFINITE_BITS, jnp.where(biased >= 1, normal, subnormal))
+    bits = jnp.where(k == 0, 0, bits) | ((byte >> 7) << 31)
+    bits = jnp.where(((byte & 0x7F) == _E4M3_NAN_BYTE) | (e > 127), _F32_NAN_BITS, bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def block_scale(amax_bits: jax.Array) -> jax.Array:
+    """float32 fp8_block scale of blocks with ``|amax|`` bits ``amax_bits`` (NaN if non-finite)."""
+    amax = jax.lax.bitcast_convert_type(amax_bits, jnp.float32)
+    nonfinite = amax_bits >= NONFINITE_BITS
+    # A data-dependent divisor: XLA rewrites division by a constant into multiplication by its
+    # rounded reciprocal, which is not the correctly rounded quotient.
+    divisor = jnp.where(nonfinite, jnp.float32(jnp.nan), jnp.float32(E4M3_MAX))
+    quotient = amax / divisor
+    return jnp.where(nonfinite | (quotient >= MIN_BLOCK_SCALE), quotient, jnp.float32(1.0))
+
+
+def block_values(x32: jax.Array, scale: jax.Array) -> jax.Array:
+    """E4M3 values ``RNE(clip(x32 / scale))`` (``scale`` broadcast to ``x32``; NaN scale ->
+    NaN values)."""
+    subnormal, mantissa, negative = _split_subnormal(x32)
+    # The divisor as a full elementwise array: XLA rewrites division by a broadcast into
+    # multiplication by a rounded reciprocal, which is not the correctly rounded quotient.
+    divisor = jnp.where(mantissa < 0, jnp.float32(1.0), scale)  # mantissa >= 0: always scale
+    normal_part = x32 / divisor
+    # Subnormal x = (mantissa * 2**-24) * 2**-125: dividing the normal first factor rounds once,
+    # and the power-of-two factor is exact wherever the result can reach E4M3's range.
+    sub_part = (mantissa * jnp.float32(2.0**-24)) / divisor * jnp.float32(2.0**-125)
+    sub_part = jnp.where(negative, -sub_part, sub_part)
+    return _cast_e4m3(jnp.where(subnormal, sub_part, normal_part), jnp.isnan(scale))
+
+
+def block_dequantize_values(values: jax.Array, scale: jax.Array) -> jax.Array:
+    """float32 ``values * scale`` (``scale`` broadcast), canonical NaN where either is NaN."""
+    v = values.astype(jnp.float32)
+    product = v * scale
+    nan = jax.lax.bitcast_convert_type(jnp.int32(_F32_NAN_BITS), jnp.float32)
+    return jnp.where(jnp.isnan(v) | jnp.isnan(scale), nan, product)
+
+
+def e8m0_from_exponent(e: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    byte = jnp.where(nonfinite, _E8M0_NAN_BYTE, e + 127).astype(jnp.uint8)
+    return jax.lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu)
+
+
+def exponent_from_e8m0(scales: jax.Array) -> jax.Array:
+    """int32 ``e`` of E8M0 scales; 128 for the NaN byte 0xFF."""
+    return jax.lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32) - 127
+
+
+def fake_quantize_with_amax(x32: jax.Array, amax_bits: jax.Array, recipe: str) -> jax.Array:
+    """float32 ``deq(Q(x32))`` where each element's block has ``|amax|`` bits ``amax_bits``
+    (broadcast to ``x32``): the format's element rules for blocks of any shape."""
+    nonfinite = amax_bits >= NONFINITE_BITS
+    if recipe == "mxfp8":
+        e = mx_exponent(amax_bits)
+        values = mx_values(x32, e, nonfinite)
+        return mx_dequantize_values(values, jnp.where(nonfinite, 128, e))
+    scale = block_scale(amax_bits)
+    return block_dequantize_values(block_values(x32, scale), scale)
