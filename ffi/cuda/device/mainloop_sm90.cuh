@@ -14,7 +14,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
-#include "cuda/epilogue.cuh"
+#include "cuda/device/epilogue.cuh"
 
 namespace mok::cuda {
 

@@ -1,5 +1,5 @@
 // See driver.h.
-#include "cuda/driver.h"
+#include "cuda/host/driver.h"
 
 #include <cuda_runtime.h>
 

@@ -19,9 +19,9 @@
 
 #include <cstdint>
 
-#include "cuda/common.cuh"
-#include "cuda/ep_sync.cuh"
-#include "cuda/symmetric.h"
+#include "cuda/device/ptx.cuh"
+#include "cuda/device/exchange_sync.cuh"
+#include "cuda/host/symmetric.h"
 
 namespace mok::cuda::ep {
 

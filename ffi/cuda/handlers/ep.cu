@@ -22,13 +22,13 @@
 #include <string>
 
 #include "common/problem.h"
-#include "cuda/driver.h"
-#include "cuda/ep_exchange.cuh"
-#include "cuda/ep_handlers.h"
-#include "cuda/moe.h"
-#include "cuda/row_wait.cuh"
-#include "cuda/status.cuh"
-#include "cuda/symmetric.h"
+#include "cuda/host/driver.h"
+#include "cuda/device/exchange.cuh"
+#include "cuda/handlers/ep.h"
+#include "cuda/phases/phases.h"
+#include "cuda/device/row_wait.cuh"
+#include "cuda/host/stage.h"
+#include "cuda/host/symmetric.h"
 
 namespace mok::cuda::ep {
 namespace {

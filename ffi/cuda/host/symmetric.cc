@@ -3,7 +3,7 @@
 //
 // Status (2026-11-29): run on 2 x H200 (peer access in one process, CUDA IPC across two). The
 // fabric path (cuMem* with CU_MEM_HANDLE_TYPE_FABRIC) cannot be exercised on a single host.
-#include "cuda/symmetric.h"
+#include "cuda/host/symmetric.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "cuda/driver.h"
+#include "cuda/host/driver.h"
 
 namespace mok::cuda::symmetric {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "common/problem.h"
-#include "cuda/status.cuh"
+#include "cuda/host/stage.h"
 
 namespace mok::cuda {
 

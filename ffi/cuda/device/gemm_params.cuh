@@ -5,8 +5,8 @@
 
 #include <cuda.h>  // CUtensorMap (types only; driver entry points are fetched at run time)
 
-#include "cuda/row_wait.cuh"
-#include "cuda/schedule.cuh"
+#include "cuda/device/row_wait.cuh"
+#include "cuda/device/route.cuh"
 
 namespace mok::cuda {
 

@@ -3,7 +3,7 @@
 // the inner product runs on CUDA cores (f32 FMA, k in increasing order).
 #pragma once
 
-#include "cuda/epilogue.cuh"
+#include "cuda/device/epilogue.cuh"
 
 namespace mok::cuda {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cuda/ep_sync.cuh"
+#include "cuda/device/exchange_sync.cuh"
 
 namespace mok::cuda {
 

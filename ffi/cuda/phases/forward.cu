@@ -1,7 +1,7 @@
 // The forward phases: see moe.cuh for the phase list. A translation unit of its own so that the
 // forward and backward kernels compile in parallel.
-#include "cuda/moe.cuh"
-#include "cuda/row_wait.cuh"
+#include "cuda/host/launch.h"
+#include "cuda/device/row_wait.cuh"
 
 namespace mok::cuda {
 

@@ -11,9 +11,9 @@
 
 #include "common/bindings.h"
 #include "common/problem.h"
-#include "cuda/handlers.h"
-#include "cuda/moe.h"
-#include "cuda/status.cuh"
+#include "cuda/handlers/moe.h"
+#include "cuda/phases/phases.h"
+#include "cuda/host/stage.h"
 
 namespace mok::cuda {
 

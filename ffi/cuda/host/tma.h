@@ -8,7 +8,7 @@
 
 #include <mutex>
 
-#include "cuda/problem.cuh"
+#include "cuda/device/gemm_params.cuh"
 
 namespace mok::cuda {
 

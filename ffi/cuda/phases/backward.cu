@@ -1,6 +1,6 @@
 // The backward phases: see moe.cuh for the phase list. A translation unit of its own so that the
 // forward and backward kernels compile in parallel.
-#include "cuda/moe.cuh"
+#include "cuda/host/launch.h"
 
 namespace mok::cuda {
 

@@ -10,13 +10,13 @@
 #include <cstring>
 
 #include "common/problem.h"
-#include "cuda/combine.cuh"
-#include "cuda/moe.h"
-#include "cuda/simt.cuh"
-#include "cuda/status.cuh"
+#include "cuda/device/combine.cuh"
+#include "cuda/phases/phases.h"
+#include "cuda/device/simt.cuh"
+#include "cuda/host/stage.h"
 #ifdef JAX_MOK_HAVE_CUTLASS
-#include "cuda/mainloop.cuh"
-#include "cuda/tma.h"
+#include "cuda/device/mainloop_sm90.cuh"
+#include "cuda/host/tma.h"
 #endif
 
 namespace mok::cuda {

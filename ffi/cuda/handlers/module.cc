@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "cuda/ep_handlers.h"
-#include "cuda/handlers.h"
-#include "cuda/symmetric.h"
+#include "cuda/handlers/ep.h"
+#include "cuda/handlers/moe.h"
+#include "cuda/host/symmetric.h"
 
 namespace nb = nanobind;
 

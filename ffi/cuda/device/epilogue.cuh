@@ -3,7 +3,7 @@
 // pairs (i, i+1) are adjacent columns of one row, so every store writes two elements.
 #pragma once
 
-#include "cuda/problem.cuh"
+#include "cuda/device/gemm_params.cuh"
 
 namespace mok::cuda {
 
