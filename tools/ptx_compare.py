@@ -65,17 +65,48 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 
 def bodies(path: str) -> dict[str, str]:
-    """Mangled kernel name -> normalized body."""
+    """Mangled kernel name -> normalized body, followed by the bodies of the device functions it
+    calls (transitively, each once, in order of first call): a change inside a function that
+    nvcc did not inline is a change of every kernel that calls it."""
     text = open(path).read()
+    funcs = {}
+    for m in re.finditer(r"^(?:\.visible |\.weak )?\.func\s+(?:\([^)]*\)\s*)?(\w+)\(", text,
+                         re.MULTILINE):
+        brace, semicolon = text.find("\n{", m.end()), text.find(";\n", m.end())
+        if brace != -1 and (semicolon == -1 or brace < semicolon):  # a definition, not a prototype
+            funcs[m.group(1)] = text[m.end():_body_end(text, brace + 1)]
     out = {}
     for m in re.finditer(r"\.entry\s+(\S+)\(", text):
-        start = text.index("\n{", m.start())
-        body = text[m.end():text.index("\n}\n", start)]
+        body = text[m.end():_body_end(text, text.index("\n{", m.start()) + 1)]
+        seen: list[str] = []
+        pending = [body]
+        while pending:
+            for callee in re.findall(r"\bcall(?:\.uni)?\s+(?:\([^)]*\),\s*)?(\w+)", pending.pop()):
+                if callee in funcs and callee not in seen:
+                    seen.append(callee)
+                    pending.append(funcs[callee])
+        body = "\n".join([body] + [funcs[f] for f in seen])
         skip = (".loc", "//", ".file")
         lines = [ln for ln in body.splitlines() if not ln.strip().startswith(skip)]
         body = re.sub(r"_Z\w+", "FN", "\n".join(lines))
         out[m.group(1)] = _rename_registers(re.sub(r"\$L__tmp\d+", "$L__tmp", body))
     return out
+
+
+def _body_end(text: str, open_brace: int) -> int:
+    """Index just past the brace that closes the one at `open_brace`. Inline asm blocks and vector
+    operands nest balanced braces inside a body (an asm block's closing brace may stand alone on
+    a line), so only counting finds the body's end."""
+    depth = 0
+    for i in range(open_brace, len(text)):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    raise ValueError("unbalanced braces in PTX")
 
 
 def _rename_registers(body: str) -> str:

@@ -1,10 +1,10 @@
 // The Hopper grouped GEMM (bf16 in, f32 accumulate): persistent, warp-specialized.
-//   warpgroup 0      producer: cp.async gathers routed rows / weight tiles into a STAGES-deep
-//                    ring of 128B-swizzled shared-memory tiles; arrival on `full[s]` is tied to
-//                    the copies' completion (cp.async.mbarrier.arrive.noinc). With kTma (default
-//                    for routed-M GEMMs), the weight tile comes by TMA (tensor map: tma.h);
-//                    with kTmaA, A as well and one thread drives the ring. Routed-K (weight
-//                    gradients) with kTmaA: both operands, already in expert order, by TMA.
+//   warpgroup 0      producer: fills a STAGES-deep ring of 128B-swizzled shared-memory tiles.
+//                    The weight tile B always comes by TMA (tensor map: host/tma.h). A gathered
+//                    A (routed rows) comes by cp.async, arrival on `full[s]` tied to the copies'
+//                    completion (cp.async.mbarrier.arrive.noinc); with kTmaA (A not gathered) A
+//                    comes by TMA as well and one thread drives the ring. Routed-K (weight
+//                    gradients) is kTmaA only: both operands, already in expert order, by TMA.
 //   warpgroups 1, 2  consumers: wgmma 64×BN×16 each (CuTe SS atoms), then the fused epilogue
 //                    straight from registers, while the producer already fills the next tile.
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
@@ -15,18 +15,16 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/device/epilogue.cuh"
+#include "cuda/device/pipeline.cuh"
 
 namespace mok::cuda {
 
-// kTma: the weight tile B arrives by TMA instead of cp.async; kTmaA: A as well (routed-K: only
-// both together, for operands already in expert order).
-template <Mode kMode, bool kTma = false, bool kTmaA = false>
+// kTmaA: A arrives by TMA as well as B (routed-K: always, for operands already in expert order).
+template <Mode kMode, bool kTmaA>
 struct WgmmaConfig {
-  static_assert(!kTmaA || kTma, "A by TMA implies B by TMA");
-  static_assert(!kTma || kTmaA || kMode != Mode::kRoutedK, "routed-K: both operands by TMA");
-  static constexpr int BM = kTileM, BN = 256, BK = 64, kStages = 4;
+  static_assert(kTmaA || kMode != Mode::kRoutedK, "routed-K: both operands by TMA");
+  static constexpr int BM = kTileM, BN = kWgmmaBN, BK = kWgmmaBK, kStages = kWgmmaStages;
   static constexpr int kThreads = 384;
-  static_assert(BN == kWgmmaBN, "handlers size n-tiles with kWgmmaBN");
   using Elem = cute::bfloat16_t;
   static constexpr auto kMajorA =
       kMode == Mode::kRoutedK ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
@@ -44,22 +42,20 @@ struct WgmmaConfig {
   using SmemLayoutA = decltype(cute::tile_to_shape(
       Atom<kMajorA>{}, cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{},
       OrderA{}));  // (BM,BK,STAGES)
-  using OrderB = std::conditional_t<kTma && kMajorB == cute::GMMA::Major::MN,
-                                    cute::Step<cute::_2, cute::_1, cute::_3>,
-                                    cute::Step<cute::_1, cute::_2, cute::_3>>;
+  using OrderB =
+      std::conditional_t<kMajorB == cute::GMMA::Major::MN, cute::Step<cute::_2, cute::_1, cute::_3>,
+                         cute::Step<cute::_1, cute::_2, cute::_3>>;
   using SmemLayoutB = decltype(cute::tile_to_shape(
       Atom<kMajorB>{}, cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{},
       OrderB{}));  // (BN,BK,STAGES)
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));  // 2 warpgroups along M
-  static constexpr int kStageBytesA = BM * BK * 2, kStageBytesB = BN * BK * 2;
+  using Storage = WgmmaStorage;  // the shared memory's head (pipeline.cuh)
+  static constexpr int kStageBytesA = Storage::kStageBytesA, kStageBytesB = Storage::kStageBytesB;
   static constexpr int kRingBytes = kStages * (kStageBytesA + kStageBytesB);
-  // ring | full[STAGES] empty[STAGES] | producer row offsets [128] i64 | prefix, offset [E+1] i32
-  static size_t smem_bytes(int experts) {
-    return 1024 + kRingBytes + 2 * kStages * sizeof(uint64_t) + 128 * sizeof(int64_t) +
-           2 * sizeof(int) * (experts + 1);
-  }
+  static_assert(cute::cosize(SmemLayoutA{}) * 2 == kStages * kStageBytesA, "A ring size");
+  static_assert(cute::cosize(SmemLayoutB{}) * 2 == kStages * kStageBytesB, "B ring size");
 };
 
 // Byte offset of element (mn, k) inside stage 0. CuTe's layouts give the unswizzled offset (the
@@ -73,17 +69,6 @@ __device__ __forceinline__ uint32_t swizzled(int mn, int k) {
 }
 
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
-// True in every producer thread when `pred` holds in any of them (a barrier, like producer_sync).
-__device__ __forceinline__ bool producer_any(bool pred) {
-  int any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.or.pred q, 1, 128, p;\n"
-      " selp.b32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<int>(pred))
-      : "memory");
-  return any != 0;
-}
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
 
 // Routed-K by TMA: the last k-block of an expert holds `valid` < BK of its positions; the rows
@@ -108,8 +93,8 @@ __device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_
   consumer_sync();
 }
 
-// The producer warpgroup. Gathered row offsets of the current tile (routed-M) or k-block
-// (routed-K) go through shared memory once, then every 16-byte chunk is one cp.async.
+// The producer warpgroup. With a gathered A, the row offsets of the current tile go through
+// shared memory once, then every 16-byte chunk of A is one cp.async.
 // B boxes of one stage (one thread): 4 boxes of 64(n)×64(k) (N-major B) or one of 64(k)×256(n)
 // (K-major B). Out-of-range boxes are zero-filled and still count their full size; gate columns
 // past F read up columns, which the epilogue masks.
@@ -130,16 +115,14 @@ __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkT
   }
 }
 
-template <Mode kMode, bool kTma, bool kTmaA>
+template <Mode kMode, bool kTmaA>
 __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
                              int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa,
                              uint32_t sb, int t) {
-  using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
   using LA = typename Cfg::SmemLayoutA;
-  using LB = typename Cfg::SmemLayoutB;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
-  const bf16* b = static_cast<const bf16*>(p.b);
   const int total = total_tiles<kMode>(p, s_prefix);
   int stage = 0, phase = 0;
   if constexpr (kTmaA) {
@@ -170,31 +153,15 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
-    return;
-  }
-  bool rows_ready = p.wait.flags == nullptr;  // the overlapped fused forward: row_wait.cuh
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
-    if constexpr (kMode != Mode::kRoutedK) {
+  } else {
+    // A gathered (routed-M only: WgmmaConfig): 128 threads copy A, thread 0 issues B's TMA boxes.
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
       s_rows[t] = t < w.rows ? (p.a_gather ? (int64_t)p.a_gather[pos] : (int64_t)pos) * p.lda : -1;
-      if (!rows_ready) {
-        // The first tile holding another rank's row waits (thread 0, bounded) until every rank's
-        // rows have landed; the producer_sync below holds the other threads until it is done.
-        const bool remote = t < w.rows && p.a_gather != nullptr &&
-                            p.a_gather[pos] / p.wait.rows_per_source != p.wait.self;
-        if (producer_any(remote)) {
-          if (t == 0) wait_rows_arrived(p.wait);
-          rows_ready = true;
-        }
-      }
       producer_sync();
-      const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A (and of B when K-major)
-      // B column (N-major B: one per thread) or B rows (K-major B: 16 per thread)
-      const int bc = (t & 31) * 8, bkr = t >> 5;
-      const int col = TileCols<BN>::b_col(p, w.n_tile, bc);
-      const bf16* b_e = b + w.expert * p.b_expert_stride;
+      const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
         mbar_wait(&empty[stage], phase ^ 1);
         const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
@@ -207,71 +174,9 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
           const bool ok = off >= 0 && k_ok;
           cp_async_16(stage_a + swizzled<LA>(r, kc), ok ? a + off + k0 + kc : a, ok);
         }
-        if constexpr (kTma) {
-          if (t == 0) {
-            mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesB);
-            tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
-          }
-        } else if constexpr (kMode == Mode::kRoutedBN) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {  // B: 64 k-rows × 32 chunks of n
-            const int kr = bkr + 4 * i;
-            const bool ok = col >= 0 && k0 + kr < p.K;
-            cp_async_16(stage_b + swizzled<LB>(bc, kr),
-                        ok ? b_e + (int64_t)(k0 + kr) * p.ldb + col : b, ok);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {  // B: 256 n-rows × 8 chunks of k
-            const int r = (t >> 3) + 16 * i;
-            const int n = w.n_tile * BN + r;
-            const bool ok = n < p.N && k_ok;
-            cp_async_16(stage_b + swizzled<LB>(r, kc), ok ? b_e + (int64_t)n * p.ldb + k0 + kc : b,
-                        ok);
-          }
-        }
-        mbar_arrive_cp_async(&full[stage]);
-        if (++stage == kStages) stage = 0, phase ^= 1;
-      }
-    } else {
-      // Routed-K: k-rows are the expert's positions; row offsets per k-block, fetched one
-      // block ahead. Threads 0-63 own A rows, 64-127 B rows.
-      const int kr_own = t & 63;
-      const int* gather = t < 64 ? p.a_gather : p.b_gather;
-      const int64_t ld = t < 64 ? p.lda : p.ldb;
-      auto row_offset = [&](int k0) -> int64_t {
-        const int kk = k0 + kr_own;
-        if (kk >= w.k_len) return -1;
-        const int pos = w.k_off + kk;
-        return (gather ? (int64_t)gather[pos] : (int64_t)pos) * ld;
-      };
-      int64_t next = row_offset(0);
-      const int ac = (t & 15) * 8, akr = t >> 4;  // A: 16 chunks of m × 64 k-rows
-      const int bc = (t & 31) * 8, bkr = t >> 5;  // B: 32 chunks of n × 64 k-rows
-      const bool a_ok = w.row0 + ac < p.M;
-      const bool b_ok = w.n_tile * BN + bc < p.N;
-      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        const int64_t cur = next;
-        next = row_offset(k0 + BK);
-        producer_sync();
-        s_rows[t] = cur;
-        producer_sync();
-        mbar_wait(&empty[stage], phase ^ 1);
-        const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
-        const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int kr = akr + 8 * i;
-          const int64_t off = s_rows[kr];
-          const bool ok = off >= 0 && a_ok;
-          cp_async_16(stage_a + swizzled<LA>(ac, kr), ok ? a + off + w.row0 + ac : a, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int kr = bkr + 4 * i;
-          const int64_t off = s_rows[64 + kr];
-          const bool ok = off >= 0 && b_ok;
-          cp_async_16(stage_b + swizzled<LB>(bc, kr), ok ? b + off + w.n_tile * BN + bc : b, ok);
+        if (t == 0) {
+          mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesB);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
         }
         mbar_arrive_cp_async(&full[stage]);
         if (++stage == kStages) stage = 0, phase ^= 1;
@@ -279,9 +184,6 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
     }
   }
 }
-
-// Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
-constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
 
 // One 64 × 64 pass of a warpgroup's output through shared memory (`buf`: rows of 128 bytes,
 // 16-byte chunks XOR-swizzled by row: conflict-free for the fragment layout and for the
@@ -313,9 +215,10 @@ __device__ __forceinline__ void staged_pass(char* buf, uint32_t barrier, int t, 
   asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
 }
 
-// kStoreCast / kWeighted / kStoreRows through shared memory (default; =0 turns it off;
-// moe.cuh): the warpgroup's 64 × BN tile goes out in BN/64 staged passes. Same rounding as
-// run_epilogue (kWeighted: the routing weight times the accumulator, then one
+// kStoreCast / kWeighted / kStoreRows through shared memory (where the plan finds the staging
+// area fits the device's opt-in limit, host/plan.h): the warpgroup's 64 × BN tile goes out in BN/64
+// staged passes. Same rounding as run_epilogue (kWeighted: the routing weight times the
+// accumulator, then one
 // __floats2bfloat162_rn per pair), so the output is bitwise equal. The routing weight is loaded
 // once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
 template <Epi kEpi, int BN, class Acc>
@@ -351,48 +254,17 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
         [&](int row, int n) { return out + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
 }
 
-// kSwiGLU / kSwiGLUSave through shared memory (JAX_MOK_CUDA_STAGED_GLU=1; experimental, default
-// off): the warpgroup's 64 × BN/2 activations a = silu(gate) · up go out in two 64 × 64 passes,
-// and with kSwiGLUSave the 64 × BN/2 gate and up halves of h in two passes each. Same arithmetic
-// and rounding as run_epilogue (store2), so the outputs are bitwise equal.
-template <Epi kEpi, int BN, class Acc>
-__device__ __forceinline__ void store_glu_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
-                                                 int wg, int t, char* buf) {
-  static_assert(kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave, "the forward's GLU epilogues");
-  static_assert(BN == 256, "two 64-column passes per half");
-  constexpr int kUp = BN / 4;  // gate value i pairs with up value i + kUp (column + BN/2)
-  const int F = p.N, row_base = 64 * wg;
-  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
-  bf16* act = static_cast<bf16*>(p.out);
-  bf16* h = static_cast<bf16*>(p.out2);  // [P, 2F]: gate | up (kSwiGLUSave)
-#pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-    const int col0 = w.n_tile * (BN / 2) + 64 * pass;
-    staged_pass(
-        buf, barrier, t, pass, row_base, w.rows, col0, F,
-        [&](int i) {
-          const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
-          return make_float2(g0 * sigmoidf(g0) * u0, g1 * sigmoidf(g1) * u1);
-        },
-        [&](int row, int n) { return act + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
-    if constexpr (kEpi == Epi::kSwiGLUSave) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half)  // gate columns, then up columns (F further on)
-        staged_pass(
-            buf, barrier, t, pass, row_base, w.rows, col0, F,
-            [&](int i) { return make_float2(acc(i + half * kUp), acc(i + half * kUp + 1)); },
-            [&](int row, int n) {
-              return h + static_cast<int64_t>(w.row0 + row) * 2 * F + half * F + n;
-            });
-    }
-  }
-}
+// The plain row outputs that may go out through the staging area (store_rows_staged).
+template <Epi kEpi>
+constexpr bool kStagedEpilogue =
+    kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows || kEpi == Epi::kStoreCast;
 
-template <Mode kMode, Epi kEpi, bool kTma, bool kTmaA, bool kStagedOut = false>
+template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(!kStagedOut || kStagedEpilogue<kEpi>, "staged stores: plain row outputs only");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
-  using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   extern __shared__ char smem_raw[];
   char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -414,7 +286,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       // every producer thread arrives once its copies land (+1: the TMA expect_tx arrival)
-      mbar_init(&full[s], kTmaA ? 1 : (kTma ? 129 : 128));
+      mbar_init(&full[s], kTmaA ? 1 : 129);
       mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
     }
   }
@@ -423,12 +295,10 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
-    if constexpr (kTma) {
-      if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
-      if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
-    }
-    run_producer<kMode, kTma, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
-                                     smem_u32(ring_b), t);
+    if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
+    if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
+    run_producer<kMode, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                               smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
@@ -466,11 +336,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       }
       warpgroup_wait<0>();
       if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
-      if constexpr (kStagedOut && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave)) {
-        store_glu_staged<kEpi, BN>(
-            p, w, [&](int i) { return acc(i); }, wg - 1, t,
-            out_stage + (wg - 1) * (kOutStageBytes / 2));
-      } else if constexpr (kStagedOut) {
+      if constexpr (kStagedOut) {
         store_rows_staged<kEpi, BN>(
             p, w, [&](int i) { return acc(i); }, wg - 1, t,
             out_stage + (wg - 1) * (kOutStageBytes / 2));
@@ -482,17 +348,11 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
 #endif
 }
 
-template <Mode kMode, bool kTma, bool kTmaA, bool kStagedOut>
-size_t wgmma_smem_bytes(int experts) {
-  return WgmmaConfig<kMode, kTma, kTmaA>::smem_bytes(experts) +
-         (kStagedOut ? 128 + kOutStageBytes : 0);
-}
-
-template <Mode kMode, Epi kEpi, bool kTma = false, bool kTmaA = false, bool kStagedOut = false>
+template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
-  using Cfg = WgmmaConfig<kMode, kTma, kTmaA>;
-  const size_t smem = wgmma_smem_bytes<kMode, kTma, kTmaA, kStagedOut>(p.experts);
-  auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTma, kTmaA, kStagedOut>;
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  const size_t smem = Cfg::Storage::dynamic_bytes(p.experts, kStagedOut);
+  auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
