@@ -56,6 +56,12 @@ struct WgmmaConfig {
   static constexpr int kRingBytes = kStages * (kStageBytesA + kStageBytesB);
   static_assert(cute::cosize(SmemLayoutA{}) * 2 == kStages * kStageBytesA, "A ring size");
   static_assert(cute::cosize(SmemLayoutB{}) * 2 == kStages * kStageBytesB, "B ring size");
+  static_assert(offsetof(Storage, a) == 0 && offsetof(Storage, b) == kStages * kStageBytesA &&
+                    offsetof(Storage, full) == kRingBytes &&
+                    offsetof(Storage, empty) == kRingBytes + kStages * sizeof(uint64_t) &&
+                    offsetof(Storage, rows) == kRingBytes + 2 * kStages * sizeof(uint64_t) &&
+                    sizeof(Storage) == offsetof(Storage, rows) + BM * sizeof(int64_t),
+                "the kernel's carving (wgmma_gemm_kernel) follows Storage member by member");
 };
 
 // Byte offset of element (mn, k) inside stage 0. CuTe's layouts give the unswizzled offset (the
@@ -115,17 +121,19 @@ __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkT
   }
 }
 
+// The producer role (warpgroup 0; thread t of 128): fills the ring stage by stage, waiting for a
+// stage to be free (`empty`) and completing `full` by the copies' arrival. s_rows: Storage::rows.
 template <Mode kMode, bool kTmaA>
-__device__ void run_producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
-                             int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa,
-                             uint32_t sb, int t) {
+__device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
+                         int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa, uint32_t sb,
+                         int t) {
   using Cfg = WgmmaConfig<kMode, kTmaA>;
   using LA = typename Cfg::SmemLayoutA;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
   const int total = total_tiles<kMode>(p, s_prefix);
-  int stage = 0, phase = 0;
   if constexpr (kTmaA) {
+    int stage = 0, phase = 0;  // a PipelineState<kStages>
     // A is not gathered: both operands by TMA, one thread drives the ring. Rows past the
     // expert's count belong to the next expert (or past the allocation: zero-filled); their
     // accumulator rows are never stored.
@@ -150,11 +158,15 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
           tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
           tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
         }
+        // PipelineState::advance written out: through the struct, nvcc selects other (equivalent)
+        // instructions for this single-thread loop, and tools/ptx_compare.py holds this kernel
+        // to the PTX that ran on the GPU.
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
   } else {
     // A gathered (routed-M only: WgmmaConfig): 128 threads copy A, thread 0 issues B's TMA boxes.
+    PipelineState<kStages> pipe;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       producer_sync();  // the previous tile's offsets are no longer read
@@ -163,9 +175,9 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
       producer_sync();
       const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        mbar_wait(&empty[stage], phase ^ 1);
-        const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
-        const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
+        mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);
+        const uint32_t stage_a = sa + pipe.stage * Cfg::kStageBytesA;
+        const uint32_t stage_b = sb + pipe.stage * Cfg::kStageBytesB;
         const bool k_ok = k0 + kc < p.K;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {  // A: 128 rows × 8 chunks
@@ -175,11 +187,11 @@ __device__ void run_producer(const GemmParams& p, const int* s_prefix, const int
           cp_async_16(stage_a + swizzled<LA>(r, kc), ok ? a + off + k0 + kc : a, ok);
         }
         if (t == 0) {
-          mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesB);
-          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
+          mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[pipe.stage]);
         }
-        mbar_arrive_cp_async(&full[stage]);
-        if (++stage == kStages) stage = 0, phase ^= 1;
+        mbar_arrive_cp_async(&full[pipe.stage]);
+        pipe.advance();
       }
     }
   }
@@ -254,26 +266,87 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
         [&](int row, int n) { return out + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
 }
 
+// The consumer role (warpgroups 1 and 2; thread t of 128 in warpgroup wg): per tile, wgmma over
+// the ring's stages as they fill, each stage handed back (`empty`) once the next one's wgmma is
+// issued; then the epilogue from the accumulators in registers (or through the staging area).
+template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
+__device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefix,
+                                         const int* s_offset, cute::bfloat16_t* ring_a,
+                                         cute::bfloat16_t* ring_b, uint64_t* full, uint64_t* empty,
+                                         char* out_stage, int wg, int t) {
+  using namespace cute;
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
+  Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
+  Tensor sB = make_tensor(make_smem_ptr(ring_b), typename Cfg::SmemLayoutB{});  // (BN,BK,STAGES)
+  typename Cfg::TiledMma mma;
+  mma.accumulate_ = GMMA::ScaleOut::One;
+  auto thr = mma.get_thread_slice(threadIdx.x - 128);
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
+  Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
+  const int total = total_tiles<kMode>(p, s_prefix);
+  PipelineState<kStages> pipe;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+    clear(acc);
+    int prev = -1;
+    for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+      mbar_wait(&full[pipe.stage], pipe.phase);
+      if constexpr (kMode == Mode::kRoutedK && kTmaA) {
+        if (w.k_len - k0 < BK)
+          zero_tail_rows<BM / 64, BN / 64>(smem_u32(ring_a) + pipe.stage * Cfg::kStageBytesA,
+                                           smem_u32(ring_b) + pipe.stage * Cfg::kStageBytesB,
+                                           w.k_len - k0, threadIdx.x - 128);
+      }
+      fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads async
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      gemm(mma, tCrA(_, _, _, pipe.stage), tCrB(_, _, _, pipe.stage), acc);
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();  // the previous stage's wgmma is done: hand its buffers back
+      warpgroup_fence_operand(acc);
+      if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
+      prev = pipe.stage;
+      pipe.advance();
+    }
+    warpgroup_wait<0>();
+    if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
+    if constexpr (kStagedOut) {
+      store_rows_staged<kEpi, BN>(
+          p, w, [&](int i) { return acc(i); }, wg - 1, t,
+          out_stage + (wg - 1) * (kOutStageBytes / 2));
+    } else {
+      run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
+    }
+  }
+}
+
 // The plain row outputs that may go out through the staging area (store_rows_staged).
 template <Epi kEpi>
 constexpr bool kStagedEpilogue =
     kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows || kEpi == Epi::kStoreCast;
 
+// The kernel lays out shared memory, initializes the barriers and picks each warpgroup's role.
 template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(!kStagedOut || kStagedEpilogue<kEpi>, "staged stores: plain row outputs only");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace cute;
   using Cfg = WgmmaConfig<kMode, kTmaA>;
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
+  using Storage = typename Cfg::Storage;
+  constexpr int kStages = Cfg::kStages;
   extern __shared__ char smem_raw[];
-  char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  auto* ring_a = reinterpret_cast<typename Cfg::Elem*>(smem);
-  auto* ring_b = reinterpret_cast<typename Cfg::Elem*>(smem + kStages * Cfg::kStageBytesA);
-  auto* full = reinterpret_cast<uint64_t*>(smem + Cfg::kRingBytes);
-  uint64_t* empty = full + kStages;
-  int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // [128] producer only
-  int* s_prefix = reinterpret_cast<int*>(s_rows + 128);           // [E+1]
+  // The layout is Storage (pipeline.cuh) at the aligned base, then the two tables: each pointer
+  // is the previous one plus the previous member's size, which the static_asserts of
+  // WgmmaConfig tie to Storage's offsets.
+  char* smem =
+      smem_raw + ((kSmemAlign - (smem_u32(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  auto* ring_a = reinterpret_cast<typename Cfg::Elem*>(smem);  // Storage::a
+  auto* ring_b = reinterpret_cast<typename Cfg::Elem*>(smem + offsetof(Storage, b));
+  auto* full = reinterpret_cast<uint64_t*>(smem + offsetof(Storage, full));
+  uint64_t* empty = full + kStages;                               // Storage::empty
+  int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // Storage::rows [BM]
+  int* s_prefix = reinterpret_cast<int*>(s_rows + Cfg::BM);       // [E+1]
   int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
   // [kOutStageBytes] after the offsets, 128-byte aligned (kStagedOut only)
   char* out_stage = reinterpret_cast<char*>(
@@ -297,53 +370,12 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
     if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
-    run_producer<kMode, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
-                               smem_u32(ring_b), t);
+    producer<kMode, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                           smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
-    Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
-    Tensor sB = make_tensor(make_smem_ptr(ring_b), typename Cfg::SmemLayoutB{});  // (BN,BK,STAGES)
-    typename Cfg::TiledMma mma;
-    mma.accumulate_ = GMMA::ScaleOut::One;
-    auto thr = mma.get_thread_slice(threadIdx.x - 128);
-    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
-    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
-    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
-    const int total = total_tiles<kMode>(p, s_prefix);
-    int stage = 0, phase = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
-      clear(acc);
-      int prev = -1;
-      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        mbar_wait(&full[stage], phase);
-        if constexpr (kMode == Mode::kRoutedK && kTmaA) {
-          if (w.k_len - k0 < BK)
-            zero_tail_rows<BM / 64, BN / 64>(smem_u32(ring_a) + stage * Cfg::kStageBytesA,
-                                             smem_u32(ring_b) + stage * Cfg::kStageBytesB,
-                                             w.k_len - k0, threadIdx.x - 128);
-        }
-        fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads async
-        warpgroup_fence_operand(acc);
-        warpgroup_arrive();
-        gemm(mma, tCrA(_, _, _, stage), tCrB(_, _, _, stage), acc);
-        warpgroup_commit_batch();
-        warpgroup_wait<1>();  // the previous stage's wgmma is done: hand its buffers back
-        warpgroup_fence_operand(acc);
-        if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
-        prev = stage;
-        if (++stage == kStages) stage = 0, phase ^= 1;
-      }
-      warpgroup_wait<0>();
-      if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
-      if constexpr (kStagedOut) {
-        store_rows_staged<kEpi, BN>(
-            p, w, [&](int i) { return acc(i); }, wg - 1, t,
-            out_stage + (wg - 1) * (kOutStageBytes / 2));
-      } else {
-        run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
-      }
-    }
+    consumer<kMode, kEpi, kTmaA, kStagedOut>(p, s_prefix, s_offset, ring_a, ring_b, full, empty,
+                                             out_stage, wg, t);
   }
 #endif
 }

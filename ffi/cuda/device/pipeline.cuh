@@ -1,6 +1,6 @@
-// The wgmma GEMM's pipeline (mainloop_sm90.cuh): the shared-memory storage of its stage ring, the
-// (stage, phase) walk over the ring that producer and consumers share, and the named barriers of
-// each role. No CUTLASS here: host code sizes the shared memory from SharedStorage as well.
+// The wgmma GEMM's pipeline (mainloop_sm90.cuh): the shared-memory storage of its stage ring and
+// the (stage, phase) walk over the ring that producer and consumers share. No CUTLASS here: the
+// host sizes the kernel's shared memory from SharedStorage (host/plan.h, launch_wgmma_gemm).
 #pragma once
 
 #include <cstddef>
