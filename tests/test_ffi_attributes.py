@@ -8,6 +8,7 @@ pure-JAX oracle; a missing, extra or out-of-range attribute must fail with an er
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -20,6 +21,14 @@ import pytest
 from jax_mok import _ffi, reference, testing
 
 pytestmark = pytest.mark.skipif(not _ffi.kernels_built("cpu"), reason="CPU kernels not built")
+
+
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """The CPU handlers, also where a GPU is the default device (tests/test_ffi_attributes_cuda.py
+    holds the CUDA side)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
 
 SHAPE = testing.Shape("attrs", model="test", tokens=24, hidden=32, ffn=16, experts=6, top_k=2)
 ATTRS = [dict(pregather_x=p, gemm=g) for p in (0, 1) for g in (0, 1)]
@@ -159,3 +168,14 @@ def test_bad_debug_variable_is_reported(variable, value):
     assert out.returncode == 0, out.stderr
     assert f"num_threads: jax_mok: environment variable {variable}={value}" in out.stdout
     assert "call: " in out.stdout and f"{variable}={value}" in out.stdout.split("call: ")[1]
+
+
+def test_workspace_constants():
+    """The layout constants the Python workspace sizing mirrors (docs/ffi-contract.md); the CUDA
+    module imports without a driver (static cudart), so this runs wherever it is built."""
+    try:
+        module = importlib.import_module("jax_mok._mok_cuda")
+    except ImportError:
+        pytest.skip("jax_mok._mok_cuda is not built")
+    constants = module.workspace_constants()
+    assert constants == {"signal_bytes": 4096, "max_ranks": 64, "areas": 4, "field_align": 16}

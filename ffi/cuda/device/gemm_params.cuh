@@ -13,7 +13,7 @@ namespace mok::cuda {
 //   kRoutedBN: B_e stored [K, N] (N contiguous): w_gate_up, w_down in the forward.
 //   kRoutedBK: B_e stored [N, K] (K contiguous): w_down^T, w_gate_up^T in the backward.
 // Routed-K (weight gradients): C_e[m, n] = Σ_{p in e} A[p, m] B[p, n], both stored by rows p.
-constexpr int kWgmmaBN = 256;  // output columns per wgmma tile (mainloop.cuh)
+constexpr int kWgmmaBN = 256;  // output columns per wgmma tile (mainloop_sm90.cuh)
 constexpr int kSimtBN = 128;   // output columns per SIMT tile (simt.cuh)
 
 enum class Mode { kRoutedBN, kRoutedBK, kRoutedK };
