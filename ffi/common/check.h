@@ -1,5 +1,11 @@
-// Error plumbing shared by the CPU and CUDA handlers: every failed precondition becomes an
-// ffi::Error that names the operand and the values, which JAX raises as a Python exception.
+// The one error family of both backends: every failed precondition or failed runtime call becomes
+// an ffi::Error whose text names the operand (or call) and the values, which JAX raises as a
+// Python exception. Handlers return errors; they never abort the process.
+//   MOK_CHECK(cond, parts...)       -> ffi::Error::InvalidArgument("jax_mok: " + parts)
+//   MOK_RETURN_IF_ERROR(expr)       -> propagates a failed ffi::Error
+//   MOK_CUDA_CHECK(cond, parts...)  -> MOK_CHECK (the same check, as the CUDA sources spell it)
+//   MOK_CUDA_RETURN(cuda_call)      -> ffi::Error::Internal naming the call and the CUDA error
+// The CUDA members expand only where cuda_runtime.h is included; this header itself needs none.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +18,9 @@ namespace mok {
 
 namespace ffi = xla::ffi;
 
-// Formats without iostreams: an ostringstream inside the extension crashed on the GPU machine
-// (seen 2026-11-29, libstdc++ locale state shared with jaxlib), and error paths must never crash.
+// Formats without iostreams: a libstdc++ linked statically into an extension module shares
+// std::ostream's locale facets with jaxlib's, which crashed inside XLA's process; error paths
+// must never crash.
 inline void AppendOne(std::string* out, const char* v) { out->append(v); }
 inline void AppendOne(std::string* out, const std::string& v) { out->append(v); }
 template <typename T>
@@ -27,6 +34,12 @@ std::string StrCat(const Args&... args) {
   std::string out;
   (AppendOne(&out, args), ...);
   return out;
+}
+
+// StrCat under the name the CUDA sources use.
+template <typename... Args>
+std::string Msg(const Args&... args) {
+  return StrCat(args...);
 }
 
 }  // namespace mok
@@ -44,4 +57,16 @@ std::string StrCat(const Args&... args) {
   do {                                           \
     ::xla::ffi::Error mok_error_ = (expr);       \
     if (mok_error_.failure()) return mok_error_; \
+  } while (0)
+
+#define MOK_CUDA_CHECK(cond, ...) MOK_CHECK(cond, __VA_ARGS__)
+
+// Returns ffi::Error::Internal naming the CUDA runtime call and its error when it fails.
+#define MOK_CUDA_RETURN(expr)                                                            \
+  do {                                                                                   \
+    const cudaError_t mok_cuda_error_ = (expr);                                          \
+    if (mok_cuda_error_ != cudaSuccess) {                                                \
+      return ::xla::ffi::Error::Internal(::mok::StrCat(                                  \
+          "jax_mok CUDA: ", #expr, " failed: ", ::cudaGetErrorString(mok_cuda_error_))); \
+    }                                                                                    \
   } while (0)

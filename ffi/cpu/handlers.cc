@@ -1,10 +1,13 @@
-// XLA FFI handlers for platform "cpu": decode operands, validate, run the phases.
+// XLA FFI handlers for platform "cpu": decode operands, validate, run the phases. They bind the
+// kernel attributes of every backend (common/bindings.h) and validate them, but have one kernel:
+// pregather_x and gemm do not change what the CPU runs.
 #include "cpu/handlers.h"
 
 #include <exception>
 
 #include "common/bindings.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "common/problem.h"
 #include "cpu/phases.h"
 
@@ -42,8 +45,17 @@ ffi::Error Guard(Fn&& fn) {
   return ffi::Error::Success();
 }
 
+// The debugging switches and the attributes, validated like the CUDA handlers' (same errors).
+ffi::Error CheckCall(int32_t pregather_x, int32_t gemm) {
+  MOK_RETURN_IF_ERROR(env::Status());
+  KernelOptions unused;
+  return ReadKernelOptions(pregather_x, gemm, &unused);
+}
+
 ffi::Error MoeFwd(ffi::AnyBuffer x, ffi::AnyBuffer topk_ids, ffi::AnyBuffer topk_weights,
-                  ffi::AnyBuffer w_gate_up, ffi::AnyBuffer w_down, ffi::Result<ffi::AnyBuffer> y) {
+                  ffi::AnyBuffer w_gate_up, ffi::AnyBuffer w_down, ffi::Result<ffi::AnyBuffer> y,
+                  int32_t pregather_x, int32_t gemm) {
+  MOK_RETURN_IF_ERROR(CheckCall(pregather_x, gemm));
   MoeOperands op;
   MOK_RETURN_IF_ERROR(ToOperands(x, topk_ids, topk_weights, w_gate_up, w_down, &op));
   MOK_CHECK(y->element_type() == x.element_type() && y->dimensions().size() == 2 &&
@@ -55,7 +67,9 @@ ffi::Error MoeFwd(ffi::AnyBuffer x, ffi::AnyBuffer topk_ids, ffi::AnyBuffer topk
 ffi::Error MoeBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer topk_ids,
                   ffi::AnyBuffer topk_weights, ffi::AnyBuffer w_gate_up, ffi::AnyBuffer w_down,
                   ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> d_topk_weights,
-                  ffi::Result<ffi::AnyBuffer> d_w_gate_up, ffi::Result<ffi::AnyBuffer> d_w_down) {
+                  ffi::Result<ffi::AnyBuffer> d_w_gate_up, ffi::Result<ffi::AnyBuffer> d_w_down,
+                  int32_t pregather_x, int32_t gemm) {
+  MOK_RETURN_IF_ERROR(CheckCall(pregather_x, gemm));
   MoeOperands op;
   MOK_RETURN_IF_ERROR(ToOperands(x, topk_ids, topk_weights, w_gate_up, w_down, &op));
   MOK_CHECK(dy.element_type() == x.element_type() && dy.dimensions().size() == 2 &&
@@ -73,7 +87,7 @@ ffi::Error MoeBwd(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer topk_ids,
 }  // namespace mok::cpu
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCpu, mok::cpu::MoeFwd,
-                              mok::BindForwardOperands(xla::ffi::Ffi::Bind()));
+                              mok::BindForward(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCpu, mok::cpu::MoeBwd,
-                              mok::BindBackwardOperands(xla::ffi::Ffi::Bind()));
+                              mok::BindBackward(xla::ffi::Ffi::Bind()));

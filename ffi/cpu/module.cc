@@ -1,6 +1,11 @@
 // Python module `jax_mok._mok_cpu`: hands the CPU handlers to jax_mok._ffi as capsules.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
+#include <stdexcept>
+#include <string>
+
+#include "common/env.h"
 #include "cpu/handlers.h"
 #include "cpu/parallel.h"
 
@@ -21,6 +26,12 @@ NB_MODULE(_mok_cpu, m) {
     return d;
   });
   m.def(
-      "num_threads", [] { return mok::cpu::NumThreads(); },
-      "Threads the CPU kernels use (JAX_MOK_CPU_THREADS overrides).");
+      "num_threads",
+      [] {
+        const std::string& error = mok::env::Get().error;
+        if (!error.empty()) throw std::invalid_argument(error);
+        return mok::cpu::NumThreads();
+      },
+      "Threads the CPU kernels use (JAX_MOK_CPU_THREADS overrides; a bad value raises "
+      "ValueError naming it).");
 }

@@ -5,18 +5,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
+#include "common/env.h"
+
 namespace mok::cpu {
 
-// Threads to use: JAX_MOK_CPU_THREADS if set, else the machine's hardware threads.
+// Threads to use: JAX_MOK_CPU_THREADS if set (common/env.h; a bad value is an error of the
+// handlers before they get here), else the machine's hardware threads, at most 64.
 inline int NumThreads() {
-  if (const char* env = std::getenv("JAX_MOK_CPU_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+  if (const int n = env::Get().cpu_threads; n > 0) return n;
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(std::min(hw, 64u));
 }

@@ -1,9 +1,10 @@
 // The symmetric workspace of the peer transport (docs/peer-transport.md): library-owned device
 // memory with the same layout on every rank of an expert group, and a registry from (workspace
 // id, device ordinal) to the rank's view (its base, the device table of peer bases, the error
-// word). Host code only; the Python side drives it through _mok_cuda (jax_mok/workspace.py).
-//
-// Status (2026-11-29): peer access and CUDA IPC run on 2 x H200; fabric handles compiled only.
+// word). Host code only; the Python side drives it through _mok_cuda (jax_mok/workspace.py),
+// which reads kSignalBytes, kMaxRanks and kAreas from _mok_cuda.workspace_constants().
+// Peer access and CUDA IPC have run on 2 x H200; the fabric-handle path has not run (it needs an
+// NVLink fabric across hosts).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,8 @@ constexpr int64_t kSignalBytes = 4096;
 // forward's dispatch rows, area 3: its combine rows (fixed, so that the GEMMs of the same call
 // find the rows without reading the epoch). docs/peer-transport.md, "Symmetric workspace".
 constexpr int kAreas = 4;
+// Every field of a chunk starts on this many bytes inside an area (16-byte vector copies).
+constexpr int64_t kFieldAlign = 16;
 
 // Offset 0 of every rank's workspace. `arrival[s]` is written by rank s (remote release store);
 // the rest is local to the rank.
@@ -29,9 +32,6 @@ struct Signal {
   unsigned int ticket_done;        // CTAs of the running call done reading
   unsigned long long reserved[6];  // keeps arrival[] on its own 64-byte line
   unsigned long long arrival[kMaxRanks];
-  // arrival_x[s] = the number of the last overlapped fused call whose x rows rank s finished
-  // storing here (written by s's copy-engine stream; JAX_MOK_PEER_OVERLAP=1).
-  unsigned long long arrival_x[kMaxRanks];
 };
 static_assert(sizeof(Signal) <= kSignalBytes, "the signal area must fit its 4096 bytes");
 
@@ -51,16 +51,12 @@ struct View {
 // poisoned by an earlier error).
 std::string Lookup(int64_t id, int ordinal, View* view);
 // The epoch the next exchange launch on (id, ordinal) will run (1, 2, ...): the host's count of
-// launches, which equals the device's epoch while every launch is counted (JAX_MOK_PEER_COPY=ce;
-// the kernel checks it). The handlers are not captured into command buffers, so each handler call
-// is one launch sequence.
+// launches. Every exchange launch counts, whatever its copy mode, so the count equals the
+// device's epoch (each kernel checks it: phase kEpochCheck). The handlers are not captured into
+// command buffers, so each handler call is one launch sequence.
 unsigned long long NextExchange(int64_t id, int ordinal);
 // Records that a call on (id, ordinal) failed: later calls fail at once with `message`.
 void Poison(int64_t id, int ordinal, const std::string& message);
-// The number of this overlapped fused call on (id, ordinal): 1, 2, ... Every rank issues the same
-// sequence of calls, so the numbers agree; each handler call is one kernel sequence (the
-// handlers are not captured into command buffers), so the host can count them.
-unsigned long long NextFusedCall(int64_t id, int ordinal);
 
 // Bootstrap, called from Python (errors are thrown as std::runtime_error naming the values).
 // Whether ordinals a and b can use each other's memory with native atomics (our NVLink test).

@@ -1,21 +1,21 @@
-// The backward phases: see moe.cuh for the phase list. A translation unit of its own so that the
-// forward and backward kernels compile in parallel.
-#include "cuda/moe.cuh"
+// The backward phases (phases.h). A translation unit of its own so that the forward and backward
+// kernels compile in parallel.
+#include "cuda/host/launch.h"
+#include "cuda/phases/phases.h"
 
 namespace mok::cuda {
 
 template <class T>
-ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const DeviceInfo& dev,
+ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Plan& plan,
                     const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
                     const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd,
                     const T* h_saved) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
-  const bool wgmma = UseWgmma(pr.dtype);
-  const int bn = wgmma ? kWgmmaBN : kSimtBN;
+  const int bn = plan.wgmma ? kWgmmaBN : kSimtBN;
   const int g_tiles = CeilDiv(F, bn);
-  // x and dy gathered once into expert order (moe.cuh: UseTmaWgrad): every GEMM below reads
-  // those copies, and the weight-gradient GEMMs (both operands) and dy·Wd^T (A) load them by TMA.
-  const bool pregather = wgmma && UseTmaWgrad();
+  // wgmma: x and dy gathered once into expert order. Every GEMM below reads those copies, and the
+  // weight-gradient GEMMs (both operands) and dy·Wd^T (A) load them by TMA.
+  const bool pregather = std::is_same_v<T, bf16> && plan.wgmma;
   struct Buffers {
     Routing r;
     const T* h;      // [P, 2F] gate/up pre-activations (saved by the forward, or recomputed)
@@ -52,10 +52,10 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   if (pregather) {
     const int experts = static_cast<int>(pr.experts), hidden = static_cast<int>(H);
     cudaError_t err = launch_gather<T>(x, r.sorted_token, r.expert_offset, experts, b.x_sorted,
-                                       hidden, dev.sms, stream);
+                                       hidden, plan.sms, stream);
     if (err == cudaSuccess)
       err = launch_gather<T>(dy, r.sorted_token, r.expert_offset, experts, b.dy_sorted, hidden,
-                             dev.sms, stream);
+                             plan.sms, stream);
     MOK_RETURN_IF_ERROR(Stage("gather x, dy into expert order", err, stream));
   }
 
@@ -65,9 +65,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
     g1.a = x_rows.base, g1.a_gather = x_rows.gather, g1.lda = H, g1.a_rows = TK;
     g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
     g1.out = b.h_scratch, g1.ldo = 2 * F;
-    MOK_RETURN_IF_ERROR(
-        Stage("gate/up GEMM (recompute)",
-              LaunchGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(g1, wgmma, dev.sms, stream), stream));
+    MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(
+        {"gate/up GEMM (recompute)", "x", "w_gate_up"}, g1, plan, stream)));
   }
 
   GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
@@ -75,23 +74,21 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   g2.a = dy_rows.base, g2.a_gather = dy_rows.gather, g2.lda = H, g2.a_rows = TK;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
-  MOK_RETURN_IF_ERROR(
-      Stage("dy Wd^T GEMM + SwiGLU bwd",
-            LaunchGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(g2, wgmma, dev.sms, stream), stream));
+  MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(
+      {"dy Wd^T GEMM + SwiGLU bwd", "dy", "w_down"}, g2, plan, stream)));
 
   GemmParams g3 = RoutedParams(r, w);  // dx_part = dh @ Wgu[e]^T
   g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, bn);
   g3.a = b.dh, g3.lda = 2 * F, g3.a_rows = TK;
   g3.b = wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
   g3.out = b.dx_part, g3.ldo = H;
-  MOK_RETURN_IF_ERROR(
-      Stage("dh Wgu^T GEMM",
-            LaunchGemm<T, Mode::kRoutedBK, Epi::kStoreRows>(g3, wgmma, dev.sms, stream), stream));
+  MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBK, Epi::kStoreRows>(
+      {"dh Wgu^T GEMM", "dh", "w_gate_up"}, g3, plan, stream)));
 
   MOK_RETURN_IF_ERROR(
       Stage("combine dx",
             launch_combine<T>(b.dx_part, r.assign_pos, dx, static_cast<int>(pr.tokens),
-                              static_cast<int>(pr.top_k), static_cast<int>(H), dev.sms, stream),
+                              static_cast<int>(pr.top_k), static_cast<int>(H), plan.sms, stream),
             stream));
   reduce_dw_kernel<<<CeilDiv(TK, 256), 256, 0, stream>>>(b.dw_part, r.assign_pos, d_w,
                                                          static_cast<int>(TK), g_tiles);
@@ -103,9 +100,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   g4.a_rows = TK;  // rows of both operands (the TMA path's tensor maps)
   g4.b = dy_rows.base, g4.b_gather = dy_rows.gather, g4.ldb = H;
   g4.out = d_wd, g4.ldo = H;
-  MOK_RETURN_IF_ERROR(
-      Stage("dWd GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g4, wgmma, dev.sms, stream),
-            stream));
+  MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedK, Epi::kStoreCast>(
+      {"dWd GEMM", "the weighted activations w·a", "dy"}, g4, plan, stream)));
 
   GemmParams g5 = RoutedParams(r, w);  // dWgu[e] = x[tok]^T dh          [H, 2F]
   g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, bn);
@@ -113,20 +109,17 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const D
   g5.b = b.dh, g5.ldb = 2 * F;
   g5.out = d_wgu, g5.ldo = 2 * F;
   MOK_RETURN_IF_ERROR(
-      Stage("dWgu GEMM", LaunchGemm<T, Mode::kRoutedK, Epi::kStoreCast>(g5, wgmma, dev.sms, stream),
-            stream));
+      (RunGemm<T, Mode::kRoutedK, Epi::kStoreCast>({"dWgu GEMM", "x", "dh"}, g5, plan, stream)));
   return ffi::Error::Success();
 }
 
-template ffi::Error Backward<bf16>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
-                                   const DeviceInfo& dev, const Problem& pr, const bf16* dy,
-                                   const bf16* x, const int* ids, const float* w, const bf16* wgu,
-                                   const bf16* wd, bf16* dx, float* d_w, bf16* d_wgu, bf16* d_wd,
-                                   const bf16* h_saved);
-template ffi::Error Backward<float>(cudaStream_t stream, ffi::ScratchAllocator& scratch,
-                                    const DeviceInfo& dev, const Problem& pr, const float* dy,
-                                    const float* x, const int* ids, const float* w,
-                                    const float* wgu, const float* wd, float* dx, float* d_w,
-                                    float* d_wgu, float* d_wd, const float* h_saved);
+template ffi::Error Backward<bf16>(cudaStream_t, ffi::ScratchAllocator&, const Plan&,
+                                   const Problem&, const bf16*, const bf16*, const int*,
+                                   const float*, const bf16*, const bf16*, bf16*, float*, bf16*,
+                                   bf16*, const bf16*);
+template ffi::Error Backward<float>(cudaStream_t, ffi::ScratchAllocator&, const Plan&,
+                                    const Problem&, const float*, const float*, const int*,
+                                    const float*, const float*, const float*, float*, float*,
+                                    float*, float*, const float*);
 
 }  // namespace mok::cuda

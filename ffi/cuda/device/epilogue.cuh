@@ -1,9 +1,9 @@
 // Epilogues, shared by the SIMT and wgmma mainloops. A consumer thread holds BN/2 f32 values of
-// a 64 × BN warpgroup tile in the wgmma accumulator layout (common.cuh: frag_row / frag_col);
+// a 64 × BN warpgroup tile in the wgmma accumulator layout (ptx.cuh: frag_row / frag_col);
 // pairs (i, i+1) are adjacent columns of one row, so every store writes two elements.
 #pragma once
 
-#include "cuda/problem.cuh"
+#include "cuda/device/gemm_params.cuh"
 
 namespace mok::cuda {
 

@@ -1,9 +1,6 @@
 // Symmetric workspace: allocation, peer linking (peer access / CUDA IPC / fabric handles), and
 // the registry the peer-transport handlers read. See symmetric.h and docs/peer-transport.md.
-//
-// Status (2026-11-29): run on 2 x H200 (peer access in one process, CUDA IPC across two). The
-// fabric path (cuMem* with CU_MEM_HANDLE_TYPE_FABRIC) cannot be exercised on a single host.
-#include "cuda/symmetric.h"
+#include "cuda/host/symmetric.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -17,7 +14,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "cuda/driver.h"
+#include "cuda/host/driver.h"
 
 namespace mok::cuda::symmetric {
 namespace {
@@ -67,8 +64,7 @@ struct Entry {
   unsigned int* error_device = nullptr;
   bool finalized = false;
   std::string poisoned;
-  unsigned long long fused_calls = 0;  // overlapped fused forwards issued (NextFusedCall)
-  unsigned long long exchanges = 0;    // exchange launches issued (NextExchange)
+  unsigned long long exchanges = 0;  // exchange launches issued (NextExchange)
 };
 
 std::mutex mu;
@@ -148,12 +144,6 @@ std::string Lookup(int64_t id, int ordinal, View* view) {
   view->error_device = e.error_device;
   view->error_host = e.error_host;
   return "";
-}
-
-unsigned long long NextFusedCall(int64_t id, int ordinal) {
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = registry.find({id, ordinal});
-  return it == registry.end() ? 0 : ++it->second->fused_calls;
 }
 
 unsigned long long NextExchange(int64_t id, int ordinal) {

@@ -3,7 +3,7 @@
 // x's dtype (the GEMM epilogue rounds each once, as a PyTorch grouped_mm + index_add_ does).
 #pragma once
 
-#include "cuda/common.cuh"
+#include "cuda/device/ptx.cuh"
 
 namespace mok::cuda {
 

@@ -1,9 +1,10 @@
-// The SIMT grouped GEMM: the float32 path and the test oracle for the wgmma path. Same tile
-// schedule, same operand addressing, same accumulator layout and epilogues as mainloop.cuh; only
-// the inner product runs on CUDA cores (f32 FMA, k in increasing order).
+// The SIMT grouped GEMM: the float32 path and the test oracle for the wgmma path (the call's
+// attribute gemm = 1). Same tile schedule, same operand addressing, same accumulator layout and
+// epilogues as mainloop_sm90.cuh; only the inner product runs on CUDA cores (f32 FMA, k in
+// increasing order).
 #pragma once
 
-#include "cuda/epilogue.cuh"
+#include "cuda/device/epilogue.cuh"
 
 namespace mok::cuda {
 

@@ -1,5 +1,5 @@
 // See driver.h.
-#include "cuda/driver.h"
+#include "cuda/host/driver.h"
 
 #include <cuda_runtime.h>
 
@@ -41,19 +41,6 @@ const Driver& GetDriver() {
     return d;
   }();
   return driver;
-}
-
-StreamWriteValue64 GetStreamWriteValue64() {
-  static const StreamWriteValue64 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &p, 12000,
-                                                             cudaEnableDefault, &found);
-    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<StreamWriteValue64>(p)
-               : nullptr;
-  }();
-  return fn;
 }
 
 }  // namespace mok::cuda::symmetric

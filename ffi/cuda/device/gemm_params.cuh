@@ -5,8 +5,7 @@
 
 #include <cuda.h>  // CUtensorMap (types only; driver entry points are fetched at run time)
 
-#include "cuda/row_wait.cuh"
-#include "cuda/schedule.cuh"
+#include "cuda/device/route.cuh"
 
 namespace mok::cuda {
 
@@ -14,7 +13,7 @@ namespace mok::cuda {
 //   kRoutedBN: B_e stored [K, N] (N contiguous): w_gate_up, w_down in the forward.
 //   kRoutedBK: B_e stored [N, K] (K contiguous): w_down^T, w_gate_up^T in the backward.
 // Routed-K (weight gradients): C_e[m, n] = Σ_{p in e} A[p, m] B[p, n], both stored by rows p.
-constexpr int kWgmmaBN = 256;  // output columns per wgmma tile (mainloop.cuh)
+constexpr int kWgmmaBN = 256;  // output columns per wgmma tile (mainloop_sm90.cuh)
 constexpr int kSimtBN = 128;   // output columns per SIMT tile (simt.cuh)
 
 enum class Mode { kRoutedBN, kRoutedBK, kRoutedK };
@@ -58,14 +57,14 @@ struct GemmParams {
   const float* topk_weights;  // [T*k]
   float* dw_part;             // kSwiGLUBwd: [P, n_tiles]
   int64_t ldo;                // leading dimension of `out`
-  // wgmma + TMA path (routed-M): 3-D tensor map of B, [E][K][N] or [E][N][K] (mainloop.cuh)
+  // wgmma path: the tensor map of B (routed-M: 3-D, [E][K][N] or [E][N][K]; routed-K: 2-D
+  // [a_rows][N]), host/tma.h
   alignas(64) CUtensorMap tmap_b;
-  // routed-M with gathered A (the overlapped fused forward): rows of other ranks wait for them
-  RowWait wait;
-  // optional (JAX_MOK_CUDA_TMA_A=1): 2-D tensor map of a non-gathered A, [a_rows][K]
-  int64_t a_rows;  // rows of the A allocation (T*k for the activations)
+  int64_t a_rows;  // rows of the A allocation (T*k for the activations): the tensor maps' bound
+  // wgmma path with A not gathered: the 2-D tensor map of A, [a_rows][K] (routed-K: [a_rows][M])
   alignas(64) CUtensorMap tmap_a;
 };
+static_assert(sizeof(GemmParams) <= 4096, "a __grid_constant__ kernel parameter (4 KB limit)");
 
 template <int BN>
 struct TileCols {

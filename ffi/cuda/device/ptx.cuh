@@ -1,5 +1,5 @@
-// CUDA-only helpers shared by every phase: element conversion, cp.async and mbarrier wrappers,
-// the accumulator-fragment coordinate map, and launch error plumbing.
+// The device primitives every kernel shares: element conversion, paired loads and stores, the
+// wgmma accumulator-fragment coordinate map, cp.async, mbarrier, TMA and proxy-fence wrappers.
 #pragma once
 
 #include <cuda_bf16.h>

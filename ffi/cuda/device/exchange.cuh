@@ -10,20 +10,96 @@
 //               ascending order (float32); in-place mode (the fused forward's dispatch) leaves
 //               the rows where they landed, for the expert GEMMs that follow in the same call;
 //   5. finish : the last CTA to finish reading stores epoch, so the next call uses epoch + 1.
-// Co-residency: the grid is at most 2 x SMs CTAs of kThreads threads (see the launcher).
+// Co-residency: the grid is at most ctas_per_sm (<= 4) x SMs CTAs of kThreads threads
+// (host/peer_call.cc): a CTA spinning on a peer's flag never keeps a CTA of its own grid, whose
+// stores that peer may wait for, from being scheduled.
 //
-// Status (2026-11-29): run on 2 x H200, bitwise equal to lax.all_to_all (BENCHMARKS.md).
+// Ordering (docs/peer-transport.md, "Memory ordering and epochs"): data stores, then a system-scope
+// release store of the flag; waiters use acquire loads; every wait is bounded (%globaltimer) and a
+// peer that does not arrive becomes an error code in the workspace's error word, naming it.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "cuda/common.cuh"
-#include "cuda/ep_sync.cuh"
-#include "cuda/symmetric.h"
+#include "cuda/device/ptx.cuh"
+#include "cuda/host/symmetric.h"
 
 namespace mok::cuda::ep {
+
+// Which exchange a call is, for error messages: a missing peer is named with its phase.
+enum Phase : int {
+  kDispatch = 0,
+  kCombine = 1,
+  kReverseDispatch = 2,
+  kReverseCombine = 3,
+  kEpochCheck = 4
+};
+
+inline const char* PhaseName(int phase) {
+  switch (phase) {
+    case kDispatch:
+      return "dispatch";
+    case kCombine:
+      return "combine";
+    case kReverseDispatch:
+      return "reverse dispatch (backward)";
+    case kReverseCombine:
+      return "reverse combine (backward)";
+    case kEpochCheck:
+      return "epoch check";
+    default:
+      return "unknown";
+  }
+}
+
+// The error word: 0 = fine, else 1 + phase * 256 + the peer that did not arrive.
+__host__ __device__ constexpr unsigned int ErrorCode(int phase, int peer) {
+  return 1u + static_cast<unsigned int>(phase) * 256u + static_cast<unsigned int>(peer);
+}
+
+#ifdef __CUDACC__
+__device__ __forceinline__ void store_release_sys(unsigned long long* flag,
+                                                  unsigned long long value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long load_acquire_sys(const unsigned long long* flag) {
+  unsigned long long value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(flag) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until *flag >= target. Returns false once `deadline_ns` (a %globaltimer value) passes,
+// or when another CTA has already written the error word (then nobody waits a second timeout).
+__device__ inline bool wait_flag(const unsigned long long* flag, unsigned long long target,
+                                 unsigned long long deadline_ns,
+                                 const volatile unsigned int* error) {
+  unsigned int spins = 0;
+  while (load_acquire_sys(flag) < target) {
+    if ((++spins & 127u) == 0) {
+      if (*error != 0u) return false;
+      if (global_timer_ns() > deadline_ns) return false;
+    }
+    __nanosleep(32);
+  }
+  return true;
+}
+
+// First error wins (a plain store: the word lives in mapped host memory, where device atomics
+// are not guaranteed; any non-zero code is a valid report).
+__device__ inline void report_error(volatile unsigned int* error, unsigned int code) {
+  if (*error == 0u) *error = code;
+  __threadfence_system();
+}
+#endif  // __CUDACC__
 
 constexpr int kThreads = 256;
 constexpr int kMaxFields = 3;
@@ -46,11 +122,11 @@ struct Exchange {
   int num_fields = 0;
   int rank = 0, ep = 0, phase = 0;
   // Every store of step 1 (and my own chunk's copy) done before the launch by copy-engine copies
-  // on the same stream: the kernel only signals, waits and reads (JAX_MOK_PEER_COPY=ce).
+  // on the same stream (the call's copy_engine attribute): the kernel only signals, waits, reads.
   bool pushed = false;
-  // The epoch this launch must find (the host's count of exchanges on this workspace; 0 = not
-  // checked). Counted where the host needs the epoch's half (JAX_MOK_PEER_COPY=ce); a mismatch is
-  // an error (phase kEpochCheck), never a silent write into the wrong half.
+  // The epoch this launch must find: the host's count of exchanges on this workspace, which the
+  // host needs for the copy engines' target half (0 = not checked). A mismatch is an error (phase
+  // kEpochCheck), never a silent write into the wrong half.
   unsigned long long expected_epoch = 0;
   char* const* peers = nullptr;  // device table: every rank's workspace base
   int64_t area[2] = {0, 0};      // byte offset of the data area used in an even / odd epoch
@@ -69,10 +145,6 @@ __device__ __forceinline__ char* slot(const Exchange& p, const Field& f, int own
 
 // dst[0:bytes) = src[0:bytes), spread over all threads of the grid; 16-byte vectors when both
 // ends and the size allow it, else 4-byte words (bytes is a multiple of 4, checked by the host).
-// kUnroll > 1: each thread first loads kUnroll vectors (strided by the grid), then stores them,
-// so that kUnroll loads are in flight per thread instead of one load-store pair at a time
-// (JAX_MOK_PEER_UNROLL=4; experimental, default 1: the copy is the same bytes either way).
-template <int kUnroll>
 __device__ inline void copy_bytes(char* dst, const char* src, int64_t bytes, int64_t worker,
                                   int64_t workers) {
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
@@ -81,17 +153,7 @@ __device__ inline void copy_bytes(char* dst, const char* src, int64_t bytes, int
     uint4* d = reinterpret_cast<uint4*>(dst);
     const uint4* s = reinterpret_cast<const uint4*>(src);
     const int64_t n = bytes / 16;
-    int64_t i = worker;
-    if constexpr (kUnroll > 1) {
-      for (; i + (kUnroll - 1) * workers < n; i += kUnroll * workers) {
-        uint4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * workers];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) d[i + u * workers] = v[u];
-      }
-    }
-    for (; i < n; i += workers) d[i] = s[i];
+    for (int64_t i = worker; i < n; i += workers) d[i] = s[i];
   } else {
     unsigned int* d = reinterpret_cast<unsigned int*>(dst);
     const unsigned int* s = reinterpret_cast<const unsigned int*>(src);
@@ -140,7 +202,7 @@ __device__ inline void reduce_rows(const Exchange& p, int half, int64_t worker, 
 }
 
 // The same reduction over one [EP, R, H] buffer on this device (the XLA transport's combine and
-// the packing gather's transpose: mok_home_sum, JAX_MOK_HOME_SUM=kernel).
+// the packing gather's transpose: mok_home_sum).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     home_sum_kernel(const char* rows, int64_t chunk_bytes, const int* home_row, float* y,
@@ -165,12 +227,11 @@ __device__ inline void wait_peers(const Exchange& p, symmetric::Signal* me,
   }
 }
 
-// kUnroll > 1 is the tuned variant (JAX_MOK_PEER_UNROLL=4, experimental): unrolled copies, and in
-// copy-out mode the copy of my own chunk moved from before the push signal to the wait.
-// In-place mode copies my own chunk into my own slot under the wait as well (a local copy).
-template <class T, int kMode, int kUnroll>
+// kMode: an ExchangeMode. In-place mode copies my own chunk into my own slot under the peers'
+// arrival (a local copy); copy-out mode copies it to the output before the push signal.
+template <class T, int kMode>
 __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
-  constexpr bool kReduces = kMode == kReduce, kLate = kUnroll > 1 || kMode == kInPlace;
+  constexpr bool kReduces = kMode == kReduce, kLate = kMode == kInPlace;
   using symmetric::Signal;
   Signal* const me = reinterpret_cast<Signal*>(p.peers[p.rank]);
   __shared__ unsigned long long epoch_shared;
@@ -198,11 +259,11 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
       const char* src = f.src + static_cast<int64_t>(d) * f.chunk_bytes;
       if (d == p.rank) {
         if (!kReduces && !kLate)
-          copy_bytes<kUnroll>(f.dst + static_cast<int64_t>(d) * f.chunk_bytes, src, f.chunk_bytes,
-                              worker, workers);
+          copy_bytes(f.dst + static_cast<int64_t>(d) * f.chunk_bytes, src, f.chunk_bytes, worker,
+                     workers);
         continue;
       }
-      copy_bytes<kUnroll>(slot(p, f, d, half, p.rank), src, f.chunk_bytes, worker, workers);
+      copy_bytes(slot(p, f, d, half, p.rank), src, f.chunk_bytes, worker, workers);
     }
   }
   __threadfence_system();
@@ -227,7 +288,7 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
         const Field& f = p.field[fi];
         const int64_t at = static_cast<int64_t>(p.rank) * f.chunk_bytes;
         char* dst = kMode == kInPlace ? slot(p, f, p.rank, half, p.rank) : f.dst + at;
-        copy_bytes<kUnroll>(dst, f.src + at, f.chunk_bytes, worker, workers);
+        copy_bytes(dst, f.src + at, f.chunk_bytes, worker, workers);
       }
     if (threadIdx.x == 0) wait_peers(p, me, epoch, &ok_shared);  // 3.
   }
@@ -242,8 +303,8 @@ __global__ void __launch_bounds__(kThreads) exchange_kernel(const Exchange p) {
       const Field& f = p.field[fi];
       for (int s = 0; s < p.ep; ++s)
         if (s != p.rank)
-          copy_bytes<kUnroll>(f.dst + static_cast<int64_t>(s) * f.chunk_bytes,
-                              slot(p, f, p.rank, half, s), f.chunk_bytes, worker, workers);
+          copy_bytes(f.dst + static_cast<int64_t>(s) * f.chunk_bytes, slot(p, f, p.rank, half, s),
+                     f.chunk_bytes, worker, workers);
     }
   }
 

@@ -1,13 +1,14 @@
-// Python module `jax_mok._mok_cuda`: hands the CUDA handlers to jax_mok._ffi as capsules.
+// Python module `jax_mok._mok_cuda`: hands the CUDA handlers to jax_mok._ffi as capsules, and the
+// symmetric workspace's bootstrap and layout constants to jax_mok/workspace.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <string>
 
-#include "cuda/ep_handlers.h"
-#include "cuda/handlers.h"
-#include "cuda/symmetric.h"
+#include "cuda/handlers/ep.h"
+#include "cuda/handlers/moe.h"
+#include "cuda/host/symmetric.h"
 
 namespace nb = nanobind;
 
@@ -25,25 +26,35 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_moe_bwd"] = Capsule(MokMoeBwdCuda);
     d["mok_moe_fwd_train"] = Capsule(MokMoeFwdTrainCuda);
     d["mok_moe_bwd_saved"] = Capsule(MokMoeBwdSavedCuda);
-    // Peer transport (docs/peer-transport.md): run on 2 x H200 (2026-11-29).
+    // Peer transport (docs/peer-transport.md).
     d["mok_ep_dispatch"] = Capsule(MokEpDispatchCuda);
     d["mok_ep_combine"] = Capsule(MokEpCombineCuda);
-    d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);             // the fused forward (fifth session)
+    d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);             // the fused forward
     d["mok_ep_moe_fwd_train"] = Capsule(MokEpMoeFwdTrainCuda);  // + the received rows, h
     d["mok_ep_moe_bwd"] = Capsule(MokEpMoeBwdCuda);             // the fused backward
-    d["mok_home_sum"] = Capsule(MokHomeSumCuda);                // JAX_MOK_HOME_SUM=auto|kernel
+    d["mok_home_sum"] = Capsule(MokHomeSumCuda);                // the XLA transport's combine
     return d;
   });
   m.def("device_info", [] {
     nb::dict d;
     d["compiled_arch"] = mok::cuda::CompiledArchitectures();
     d["wgmma_path"] = mok::cuda::HasWgmmaPath();
-    d["gemm_path_env"] = "JAX_MOK_CUDA_GEMM=simt forces the SIMT oracle for bf16";
-    d["weight_tiles_env"] = "weight tiles by TMA; JAX_MOK_CUDA_TMA=0 uses cp.async";
     return d;
   });
+  m.def(
+      "workspace_constants",
+      [] {
+        nb::dict d;
+        d["signal_bytes"] = mok::cuda::symmetric::kSignalBytes;
+        d["max_ranks"] = mok::cuda::symmetric::kMaxRanks;
+        d["areas"] = mok::cuda::symmetric::kAreas;
+        d["field_align"] = mok::cuda::symmetric::kFieldAlign;
+        return d;
+      },
+      "The symmetric workspace's layout constants (host/symmetric.h), for jax_mok's workspace "
+      "sizing to check against: signal_bytes, max_ranks, areas, field_align.");
 
-  // Symmetric workspace bootstrap for jax_mok/workspace.py (run on 2 x H200, 2026-11-29).
+  // Symmetric workspace bootstrap for jax_mok/workspace.py.
   namespace sym = mok::cuda::symmetric;
   m.def("can_access_peer", &sym::CanAccessPeer, nb::arg("a"), nb::arg("b"),
         "Peer access with native atomics between CUDA ordinals a and b (NVLink stand-in).");

@@ -6,7 +6,7 @@
 // fixed chunks, never from atomics whose order depends on scheduling.
 #pragma once
 
-#include "cuda/common.cuh"
+#include "cuda/device/ptx.cuh"
 
 namespace mok::cuda {
 

@@ -1,7 +1,7 @@
 // Driver API entry points of the fabric-handle path, resolved at run time with
 // cudaGetDriverEntryPointByVersion: there is no libcuda stub to link against on the build
-// machine, and the module must import on machines without a driver.
-// Status (2026-11-29): compile-checked, NOT run (fabric handles need an NVLink fabric, e.g. NVL72).
+// machine, and the module must import on machines without a driver. The fabric path has not run
+// (fabric handles need an NVLink fabric across hosts, e.g. NVL72).
 #pragma once
 
 #include <cuda.h>
@@ -35,10 +35,5 @@ struct Driver {
 
 // Resolved once per process.
 const Driver& GetDriver();
-
-// cuStreamWriteValue64 (a 64-bit store by the stream, after its earlier work, with a memory
-// barrier before it), or nullptr when the driver does not offer it. Resolved once per process.
-using StreamWriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-StreamWriteValue64 GetStreamWriteValue64();
 
 }  // namespace mok::cuda::symmetric

@@ -1,0 +1,395 @@
+// The Hopper grouped GEMM (bf16 in, f32 accumulate): persistent, warp-specialized.
+//   warpgroup 0      producer: fills a STAGES-deep ring of 128B-swizzled shared-memory tiles.
+//                    The weight tile B always comes by TMA (tensor map: host/tma.h). A gathered
+//                    A (routed rows) comes by cp.async, arrival on `full[s]` tied to the copies'
+//                    completion (cp.async.mbarrier.arrive.noinc); with kTmaA (A not gathered) A
+//                    comes by TMA as well and one thread drives the ring. Routed-K (weight
+//                    gradients) is kTmaA only: both operands, already in expert order, by TMA.
+//   warpgroups 1, 2  consumers: wgmma 64×BN×16 each (CuTe SS atoms), then the fused epilogue
+//                    straight from registers, while the producer already fills the next tile.
+// Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
+#pragma once
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "cuda/device/epilogue.cuh"
+#include "cuda/device/pipeline.cuh"
+
+namespace mok::cuda {
+
+// kTmaA: A arrives by TMA as well as B (routed-K: always, for operands already in expert order).
+template <Mode kMode, bool kTmaA>
+struct WgmmaConfig {
+  static_assert(kTmaA || kMode != Mode::kRoutedK, "routed-K: both operands by TMA");
+  static constexpr int BM = kTileM, BN = kWgmmaBN, BK = kWgmmaBK, kStages = kWgmmaStages;
+  static constexpr int kThreads = 384;
+  using Elem = cute::bfloat16_t;
+  static constexpr auto kMajorA =
+      kMode == Mode::kRoutedK ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
+  static constexpr auto kMajorB =
+      kMode == Mode::kRoutedBK ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
+  template <cute::GMMA::Major kMajor>
+  using Atom =
+      std::conditional_t<kMajor == cute::GMMA::Major::K, cute::GMMA::Layout_K_SW128_Atom<Elem>,
+                         cute::GMMA::Layout_MN_SW128_Atom<Elem>>;
+  // With TMA, an MN-major operand tiles K before MN so that each 64(mn)×64(k) box is 8 KB
+  // contiguous (routed-K A; B of routed-BN and routed-K).
+  using OrderA = std::conditional_t<kTmaA && kMajorA == cute::GMMA::Major::MN,
+                                    cute::Step<cute::_2, cute::_1, cute::_3>,
+                                    cute::Step<cute::_1, cute::_2, cute::_3>>;
+  using SmemLayoutA = decltype(cute::tile_to_shape(
+      Atom<kMajorA>{}, cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{},
+      OrderA{}));  // (BM,BK,STAGES)
+  using OrderB =
+      std::conditional_t<kMajorB == cute::GMMA::Major::MN, cute::Step<cute::_2, cute::_1, cute::_3>,
+                         cute::Step<cute::_1, cute::_2, cute::_3>>;
+  using SmemLayoutB = decltype(cute::tile_to_shape(
+      Atom<kMajorB>{}, cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{},
+      OrderB{}));  // (BN,BK,STAGES)
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));  // 2 warpgroups along M
+  using Storage = WgmmaStorage;  // the shared memory's head (pipeline.cuh)
+  static constexpr int kStageBytesA = Storage::kStageBytesA, kStageBytesB = Storage::kStageBytesB;
+  static constexpr int kRingBytes = kStages * (kStageBytesA + kStageBytesB);
+  static_assert(cute::cosize(SmemLayoutA{}) * 2 == kStages * kStageBytesA, "A ring size");
+  static_assert(cute::cosize(SmemLayoutB{}) * 2 == kStages * kStageBytesB, "B ring size");
+  static_assert(offsetof(Storage, a) == 0 && offsetof(Storage, b) == kStages * kStageBytesA &&
+                    offsetof(Storage, full) == kRingBytes &&
+                    offsetof(Storage, empty) == kRingBytes + kStages * sizeof(uint64_t) &&
+                    offsetof(Storage, rows) == kRingBytes + 2 * kStages * sizeof(uint64_t) &&
+                    sizeof(Storage) == offsetof(Storage, rows) + BM * sizeof(int64_t),
+                "the kernel's carving (wgmma_gemm_kernel) follows Storage member by member");
+};
+
+// Byte offset of element (mn, k) inside stage 0. CuTe's layouts give the unswizzled offset (the
+// swizzle lives in its smem pointer type), so the 128B swizzle (Swizzle<3,4,3> on bytes) is
+// applied here; checked against CuTe's own tensor addressing for all four layouts.
+template <class Layout>
+__device__ __forceinline__ uint32_t swizzled(int mn, int k) {
+  constexpr auto inner = Layout{}.layout_b();
+  const uint32_t bytes = 2u * static_cast<uint32_t>(inner(mn, k, 0));
+  return bytes ^ (((bytes >> 7) & 7u) << 4);
+}
+
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+
+// Routed-K by TMA: the last k-block of an expert holds `valid` < BK of its positions; the rows
+// after them (the next expert's positions) become zeros in both operands before the wgmma reads
+// them. In the K-before-MN layouts a position is one 128-byte line per 64×64 box (the 128B
+// swizzle permutes 16-byte chunks inside the line), so each zeroed row is whole lines. `c` is the
+// consumer thread (0..255); all 256 call this, then meet at a named barrier.
+template <int kBoxesA, int kBoxesB>
+__device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_b, int valid,
+                                               int c) {
+  const int rows = 64 - valid;
+  const int chunks = rows * 8 * (kBoxesA + kBoxesB);
+  for (int i = c; i < chunks; i += 256) {
+    const int chunk = i & 7, line = i >> 3;
+    const int box = line / rows, row = valid + line % rows;
+    const uint32_t base = box < kBoxesA ? stage_a + box * 8192 : stage_b + (box - kBoxesA) * 8192;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + row * 128 + chunk * 16),
+                 "r"(0)
+                 : "memory");
+  }
+  fence_proxy_async();  // generic-proxy stores, read by wgmma through the async proxy
+  consumer_sync();
+}
+
+// The producer warpgroup. With a gathered A, the row offsets of the current tile go through
+// shared memory once, then every 16-byte chunk of A is one cp.async.
+// B boxes of one stage (one thread): 4 boxes of 64(n)×64(k) (N-major B) or one of 64(k)×256(n)
+// (K-major B). Out-of-range boxes are zero-filled and still count their full size; gate columns
+// past F read up columns, which the epilogue masks.
+template <Mode kMode, int BN>
+__device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkTile& w, int k0,
+                                                uint32_t stage_b, uint64_t* bar) {
+  if constexpr (kMode == Mode::kRoutedBN) {
+#pragma unroll
+    for (int j = 0; j < BN / 64; ++j) {
+      const int half = BN / 2;
+      const int n = p.glu ? (64 * j < half ? w.n_tile * half + 64 * j
+                                           : p.glu_offset + w.n_tile * half + 64 * j - half)
+                          : w.n_tile * BN + 64 * j;
+      tma_load_3d(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert);
+    }
+  } else {
+    tma_load_3d(stage_b, &p.tmap_b, bar, k0, w.n_tile * BN, w.expert);
+  }
+}
+
+// The producer role (warpgroup 0; thread t of 128): fills the ring stage by stage, waiting for a
+// stage to be free (`empty`) and completing `full` by the copies' arrival. s_rows: Storage::rows.
+template <Mode kMode, bool kTmaA>
+__device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
+                         int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa, uint32_t sb,
+                         int t) {
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  using LA = typename Cfg::SmemLayoutA;
+  constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
+  const bf16* a = static_cast<const bf16*>(p.a);
+  const int total = total_tiles<kMode>(p, s_prefix);
+  if constexpr (kTmaA) {
+    int stage = 0, phase = 0;  // a PipelineState<kStages>
+    // A is not gathered: both operands by TMA, one thread drives the ring. Rows past the
+    // expert's count belong to the next expert (or past the allocation: zero-filled); their
+    // accumulator rows are never stored.
+    if (t != 0) return;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
+        const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
+        mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesA + Cfg::kStageBytesB);
+        if constexpr (kMode == Mode::kRoutedK) {
+          // 64(mn) × 64(k) boxes at (column, position); the consumers zero the rows past k_len.
+          const int pos = w.k_off + k0;
+#pragma unroll
+          for (int j = 0; j < Cfg::BM / 64; ++j)
+            tma_load_2d(stage_a + j * 8192, &p.tmap_a, &full[stage], w.row0 + 64 * j, pos);
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j)
+            tma_load_2d(stage_b + j * 8192, &p.tmap_b, &full[stage], w.n_tile * BN + 64 * j, pos);
+        } else {
+          tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
+        }
+        // PipelineState::advance written out: through the struct, nvcc selects other (equivalent)
+        // instructions for this single-thread loop, and tools/ptx_compare.py holds this kernel
+        // to the PTX that ran on the GPU.
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
+    }
+  } else {
+    // A gathered (routed-M only: WgmmaConfig): 128 threads copy A, thread 0 issues B's TMA boxes.
+    PipelineState<kStages> pipe;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+      producer_sync();  // the previous tile's offsets are no longer read
+      const int pos = w.row0 + t;
+      s_rows[t] = t < w.rows ? (p.a_gather ? (int64_t)p.a_gather[pos] : (int64_t)pos) * p.lda : -1;
+      producer_sync();
+      const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A
+      for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+        mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);
+        const uint32_t stage_a = sa + pipe.stage * Cfg::kStageBytesA;
+        const uint32_t stage_b = sb + pipe.stage * Cfg::kStageBytesB;
+        const bool k_ok = k0 + kc < p.K;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // A: 128 rows × 8 chunks
+          const int r = (t >> 3) + 16 * i;
+          const int64_t off = s_rows[r];
+          const bool ok = off >= 0 && k_ok;
+          cp_async_16(stage_a + swizzled<LA>(r, kc), ok ? a + off + k0 + kc : a, ok);
+        }
+        if (t == 0) {
+          mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[pipe.stage]);
+        }
+        mbar_arrive_cp_async(&full[pipe.stage]);
+        pipe.advance();
+      }
+    }
+  }
+}
+
+// One 64 × 64 pass of a warpgroup's output through shared memory (`buf`: rows of 128 bytes,
+// 16-byte chunks XOR-swizzled by row: conflict-free for the fragment layout and for the
+// read-out). Each thread writes the pairs value(i) of its accumulator indices i in
+// [32 pass, 32 pass + 32) (the pass's 64 columns), then every thread stores whole 16-byte chunks,
+// 8 consecutive threads per 128-byte row: full, coalesced lines instead of 4-byte pair stores.
+// Warpgroup row `row` (row_base + 0..63, kept below `rows`) and column n (col0 + 0..63, kept
+// below `cols`, a multiple of 8: a chunk is wholly in or out) go to at(row, n). One
+// __floats2bfloat162_rn per pair, as store2.
+template <class Value, class At>
+__device__ __forceinline__ void staged_pass(char* buf, uint32_t barrier, int t, int pass,
+                                            int row_base, int rows, int col0, int cols,
+                                            Value&& value, At&& at) {
+#pragma unroll
+  for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+    const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
+    const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+    const float2 v = value(i);
+    *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(v.x, v.y);
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int idx = t + 128 * j, r = idx >> 3, chunk = idx & 7;
+    const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128 + ((chunk ^ (r & 7)) << 4));
+    const int row = row_base + r, n = col0 + chunk * 8;
+    if (row < rows && n < cols) *reinterpret_cast<uint4*>(at(row, n)) = v;
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
+}
+
+// kStoreCast / kWeighted / kStoreRows through shared memory (where the plan finds the staging
+// area fits the device's opt-in limit, host/plan.h): the warpgroup's 64 × BN tile goes out in BN/64
+// staged passes. Same rounding as run_epilogue (kWeighted: the routing weight times the
+// accumulator, then one
+// __floats2bfloat162_rn per pair), so the output is bitwise equal. The routing weight is loaded
+// once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
+template <Epi kEpi, int BN, class Acc>
+__device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                                  int wg, int t, char* buf) {
+  static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
+                "plain row stores only");
+  const int row_base = 64 * wg;
+  // kStoreCast: dW_e [M, N] per expert; routed-M: rows are positions of the [P, N] output
+  bf16* out = static_cast<bf16*>(p.out) +
+              (kEpi == Epi::kStoreCast ? static_cast<int64_t>(w.expert) * p.M * p.ldo : 0);
+  float scale[2] = {1.f, 1.f};
+  if constexpr (kEpi == Epi::kWeighted) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_base + frag_row(2 * h, t);
+      scale[h] = r < w.rows ? p.topk_weights[p.sorted_slot[w.row0 + r]] : 0.f;
+    }
+  }
+  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass)
+    staged_pass(
+        buf, barrier, t, pass, row_base, w.rows, w.n_tile * BN + 64 * pass, p.N,
+        [&](int i) {
+          float v0 = acc(i), v1 = acc(i + 1);
+          if constexpr (kEpi == Epi::kWeighted) {
+            const float wt = scale[(i >> 1) & 1];
+            v0 = wt * v0, v1 = wt * v1;
+          }
+          return make_float2(v0, v1);
+        },
+        [&](int row, int n) { return out + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
+}
+
+// The consumer role (warpgroups 1 and 2; thread t of 128 in warpgroup wg): per tile, wgmma over
+// the ring's stages as they fill, each stage handed back (`empty`) once the next one's wgmma is
+// issued; then the epilogue from the accumulators in registers (or through the staging area).
+template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
+__device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefix,
+                                         const int* s_offset, cute::bfloat16_t* ring_a,
+                                         cute::bfloat16_t* ring_b, uint64_t* full, uint64_t* empty,
+                                         char* out_stage, int wg, int t) {
+  using namespace cute;
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
+  Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
+  Tensor sB = make_tensor(make_smem_ptr(ring_b), typename Cfg::SmemLayoutB{});  // (BN,BK,STAGES)
+  typename Cfg::TiledMma mma;
+  mma.accumulate_ = GMMA::ScaleOut::One;
+  auto thr = mma.get_thread_slice(threadIdx.x - 128);
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
+  Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
+  const int total = total_tiles<kMode>(p, s_prefix);
+  PipelineState<kStages> pipe;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+    clear(acc);
+    int prev = -1;
+    for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+      mbar_wait(&full[pipe.stage], pipe.phase);
+      if constexpr (kMode == Mode::kRoutedK && kTmaA) {
+        if (w.k_len - k0 < BK)
+          zero_tail_rows<BM / 64, BN / 64>(smem_u32(ring_a) + pipe.stage * Cfg::kStageBytesA,
+                                           smem_u32(ring_b) + pipe.stage * Cfg::kStageBytesB,
+                                           w.k_len - k0, threadIdx.x - 128);
+      }
+      fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads async
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      gemm(mma, tCrA(_, _, _, pipe.stage), tCrB(_, _, _, pipe.stage), acc);
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();  // the previous stage's wgmma is done: hand its buffers back
+      warpgroup_fence_operand(acc);
+      if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
+      prev = pipe.stage;
+      pipe.advance();
+    }
+    warpgroup_wait<0>();
+    if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
+    if constexpr (kStagedOut) {
+      store_rows_staged<kEpi, BN>(
+          p, w, [&](int i) { return acc(i); }, wg - 1, t,
+          out_stage + (wg - 1) * (kOutStageBytes / 2));
+    } else {
+      run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
+    }
+  }
+}
+
+// The plain row outputs that may go out through the staging area (store_rows_staged).
+template <Epi kEpi>
+constexpr bool kStagedEpilogue =
+    kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows || kEpi == Epi::kStoreCast;
+
+// The kernel lays out shared memory, initializes the barriers and picks each warpgroup's role.
+template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
+__global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(!kStagedOut || kStagedEpilogue<kEpi>, "staged stores: plain row outputs only");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  using Storage = typename Cfg::Storage;
+  constexpr int kStages = Cfg::kStages;
+  extern __shared__ char smem_raw[];
+  // The layout is Storage (pipeline.cuh) at the aligned base, then the two tables: each pointer
+  // is the previous one plus the previous member's size, which the static_asserts of
+  // WgmmaConfig tie to Storage's offsets.
+  char* smem =
+      smem_raw + ((kSmemAlign - (smem_u32(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  auto* ring_a = reinterpret_cast<typename Cfg::Elem*>(smem);  // Storage::a
+  auto* ring_b = reinterpret_cast<typename Cfg::Elem*>(smem + offsetof(Storage, b));
+  auto* full = reinterpret_cast<uint64_t*>(smem + offsetof(Storage, full));
+  uint64_t* empty = full + kStages;                               // Storage::empty
+  int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // Storage::rows [BM]
+  int* s_prefix = reinterpret_cast<int*>(s_rows + Cfg::BM);       // [E+1]
+  int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
+  // [kOutStageBytes] after the offsets, 128-byte aligned (kStagedOut only)
+  char* out_stage = reinterpret_cast<char*>(
+      (reinterpret_cast<uintptr_t>(s_offset + p.experts + 1) + 127) & ~uintptr_t{127});
+
+  for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
+    s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
+    s_offset[i] = p.expert_offset[i];
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      // every producer thread arrives once its copies land (+1: the TMA expect_tx arrival)
+      mbar_init(&full[s], kTmaA ? 1 : 129);
+      mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
+    }
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
+    if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
+    if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
+    producer<kMode, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                           smem_u32(ring_b), t);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
+    consumer<kMode, kEpi, kTmaA, kStagedOut>(p, s_prefix, s_offset, ring_a, ring_b, full, empty,
+                                             out_stage, wg, t);
+  }
+#endif
+}
+
+template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
+cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
+  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  const size_t smem = Cfg::Storage::dynamic_bytes(p.experts, kStagedOut);
+  auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<num_sms, Cfg::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace mok::cuda

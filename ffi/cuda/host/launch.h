@@ -1,0 +1,131 @@
+// How the phases launch their kernels: the grouped GEMM for a Plan (the SIMT or the wgmma kernels;
+// for wgmma the tensor maps and the staged-store variant), scratch carving and the routing
+// scratch. Every function returns an ffi::Error naming the phase that failed.
+#pragma once
+
+#include <type_traits>
+#include <utility>
+
+#include "common/problem.h"
+#include "cuda/device/combine.cuh"
+#include "cuda/device/simt.cuh"
+#include "cuda/host/plan.h"
+#include "cuda/host/stage.h"
+#include "cuda/host/tma.h"
+#include "cuda/phases/phases.h"
+#ifdef JAX_MOK_HAVE_CUTLASS
+#include "cuda/device/mainloop_sm90.cuh"
+#endif
+
+namespace mok::cuda {
+
+// Bump allocator over one scratch allocation (base = nullptr: measures).
+struct Carve {
+  char* base = nullptr;
+  size_t used = 0;
+  template <class U>
+  U* take(int64_t count) {
+    U* out = reinterpret_cast<U*>(base + used);
+    used += (sizeof(U) * static_cast<size_t>(count) + 255) & ~size_t{255};
+    return out;
+  }
+};
+
+inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// Sizes the routing part of the scratch (pass base = nullptr to measure).
+inline Routing CarveRouting(Carve& c, const Problem& pr, const int* topk_ids) {
+  Routing r{};
+  r.topk_ids = topk_ids;
+  r.assignments = static_cast<int>(pr.assignments());
+  r.experts = static_cast<int>(pr.experts);
+  r.top_k = static_cast<int>(pr.top_k);
+  r.chunks = CeilDiv(r.assignments, kRouteChunk);
+  r.chunk_counts = c.take<int>(static_cast<int64_t>(r.chunks) * r.experts);
+  r.expert_offset = c.take<int>(r.experts + 1);
+  r.mtile_prefix = c.take<int>(r.experts + 1);
+  r.sorted_token = c.take<int>(r.assignments);
+  r.sorted_slot = c.take<int>(r.assignments);
+  r.assign_pos = c.take<int>(r.assignments);
+  return r;
+}
+
+// Rows of a token matrix in expert order (position p holds token sorted_token[p]): read through
+// the gather, or from a copy made once in that order (`sorted`, nullptr when there is none),
+// which the wgmma GEMMs then load by TMA.
+struct ExpertOrderRows {
+  const void* base;
+  const int* gather;
+};
+template <class T>
+ExpertOrderRows InExpertOrder(const T* tokens, const T* sorted, const Routing& r) {
+  return sorted ? ExpertOrderRows{sorted, nullptr} : ExpertOrderRows{tokens, r.sorted_token};
+}
+
+inline GemmParams RoutedParams(const Routing& r, const float* topk_weights) {
+  GemmParams p{};
+  p.expert_offset = r.expert_offset;
+  p.mtile_prefix = r.mtile_prefix;
+  p.sorted_token = r.sorted_token;
+  p.sorted_slot = r.sorted_slot;
+  p.experts = r.experts;
+  p.topk_weights = topk_weights;
+  return p;
+}
+
+#ifdef JAX_MOK_HAVE_CUTLASS
+// The wgmma kernel, staged where the plan says and the kernel can (plain row outputs, A by TMA).
+template <Mode kMode, Epi kEpi, bool kTmaA>
+cudaError_t LaunchWgmma(const GemmParams& p, const Plan& plan, cudaStream_t stream) {
+  if constexpr (kStagedEpilogue<kEpi> && kTmaA) {
+    if (plan.staged_stores) return launch_wgmma_gemm<kMode, kEpi, kTmaA, true>(p, plan.sms, stream);
+  }
+  return launch_wgmma_gemm<kMode, kEpi, kTmaA, false>(p, plan.sms, stream);
+}
+
+// The routed-M wgmma GEMM. How A arrives depends on the epilogue:
+//   kSwiGLU, kSwiGLUSave (forward gate/up): by TMA when x was gathered into expert order
+//     (Plan::pregather_x), else gathered row by row by cp.async;
+//   kStoreGLU (the backward's recompute of h): by cp.async (its TMA-A variant has not run on a
+//   GPU); kWeighted, kStoreRows, kSwiGLUBwd: by TMA (their A is never gathered on the wgmma path).
+template <Mode kMode, Epi kEpi>
+cudaError_t LaunchRoutedM(GemmParams& p, const GemmNames& names, const Plan& plan,
+                          cudaStream_t stream, ffi::Error* error) {
+  *error = MakeWeightTensorMap(p, kMode, names);
+  if (error->failure()) return cudaSuccess;
+  if constexpr (kEpi == Epi::kStoreGLU) {
+    return LaunchWgmma<kMode, kEpi, false>(p, plan, stream);
+  } else {
+    if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
+      if (p.a_gather != nullptr) return LaunchWgmma<kMode, kEpi, false>(p, plan, stream);
+    }
+    *error = MakeActivationTensorMap(p, names);
+    if (error->failure()) return cudaSuccess;
+    return LaunchWgmma<kMode, kEpi, true>(p, plan, stream);
+  }
+}
+#endif
+
+// One grouped GEMM of a phase: the wgmma kernel when the plan says so (bf16 only), else the SIMT
+// kernel; its launch status checked as the phase `names.phase`.
+template <class T, Mode kMode, Epi kEpi>
+ffi::Error RunGemm(const GemmNames& names, GemmParams p, const Plan& plan, cudaStream_t stream) {
+#ifdef JAX_MOK_HAVE_CUTLASS
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (plan.wgmma) {
+      if constexpr (kMode == Mode::kRoutedK) {
+        MOK_RETURN_IF_ERROR(MakeWgradTensorMaps(p, names));
+        return Stage(names.phase, LaunchWgmma<kMode, kEpi, true>(p, plan, stream), stream);
+      } else {
+        ffi::Error error = ffi::Error::Success();
+        const cudaError_t launched = LaunchRoutedM<kMode, kEpi>(p, names, plan, stream, &error);
+        MOK_RETURN_IF_ERROR(std::move(error));
+        return Stage(names.phase, launched, stream);
+      }
+    }
+  }
+#endif
+  return Stage(names.phase, launch_simt_gemm<T, kMode, kEpi>(p, plan.sms, stream), stream);
+}
+
+}  // namespace mok::cuda
