@@ -4,8 +4,11 @@
 //               smallest integer with amax <= 448 * 2^e (from the bits of amax, no log2), clamped
 //               to [-127, 127], -127 for amax = 0; value = RNE_e4m3(clip(x * 2^-e, +-448)).
 //   fp8_block : E4M3 values, one float32 scale per block (1x128 activations, 128x128 weights):
-//               scale = amax / 448 (1 where that is not > 0); value = RNE_e4m3(clip(x / scale)).
-// A NaN anywhere in a block makes the block's scale NaN (E8M0 0xFF) and all its values NaN.
+//               scale = amax / 448 where that is >= 2^-117, else 1; value = RNE_e4m3(clip(x /
+//               scale)) (IEEE division).
+// A NaN or an infinity in a block makes the block's scale NaN (E8M0 0xFF, float32 0x7FC00000) and
+// every value of the block the E4M3 NaN 0x7F. Subnormal inputs are values like any other: these
+// kernels do not flush (nvcc's default), so plain float32 arithmetic gives the specified bits.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -56,17 +59,20 @@ __device__ __forceinline__ int mx_exponent(float amax) {
 
 // How one block's values are scaled, from its amax.
 struct BlockScale {
-  float mul = 1.f;      // mxfp8: x * mul, mul = 2^-e (NaN for a NaN block)
-  float div = 1.f;      // fp8_block: x / div, div = the stored scale
-  uint32_t stored = 0;  // mxfp8: the E8M0 byte; fp8_block: the float32 bits
+  float mul = 1.f;         // mxfp8: x * mul, mul = 2^-e
+  float div = 1.f;         // fp8_block: x / div, div = the stored scale
+  uint32_t stored = 0;     // mxfp8: the E8M0 byte; fp8_block: the float32 bits
+  bool nonfinite = false;  // a NaN or an infinity in the block
 };
+
+constexpr float kMinBlockScale = 0x1p-117f;  // keeps every dequantized fp8_block value normal
 
 template <Recipe R>
 __device__ __forceinline__ BlockScale block_scale(float amax) {
   BlockScale s;
+  s.nonfinite = !(amax <= 3.4028235e38f);
   if constexpr (R == Recipe::kMx) {
-    if (!(amax <= 3.4028235e38f)) {  // NaN or inf: a NaN block
-      s.mul = __int_as_float(0x7FC00000);
+    if (s.nonfinite) {
       s.stored = 0xFFu;
     } else {
       const int e = mx_exponent(amax);
@@ -74,10 +80,9 @@ __device__ __forceinline__ BlockScale block_scale(float amax) {
       s.stored = static_cast<uint32_t>(e + 127);
     }
   } else {
-    float scale = amax / 448.f;
-    if (scale == scale && !(scale > 0.f)) scale = 1.f;
-    s.div = scale;
-    s.stored = __float_as_uint(scale);
+    const float scale = amax / 448.f;
+    s.div = s.nonfinite ? __int_as_float(0x7FC00000) : (scale >= kMinBlockScale ? scale : 1.f);
+    s.stored = __float_as_uint(s.div);
   }
   return s;
 }
@@ -85,6 +90,7 @@ __device__ __forceinline__ BlockScale block_scale(float amax) {
 // Two adjacent values to two E4M3 bytes (low byte = v.x), round to nearest even, saturating.
 template <Recipe R>
 __device__ __forceinline__ uint16_t quantize_pair(float2 v, const BlockScale& s) {
+  if (s.nonfinite) return 0x7F7Fu;
   if constexpr (R == Recipe::kMx) {
     v.x *= s.mul, v.y *= s.mul;
   } else {
