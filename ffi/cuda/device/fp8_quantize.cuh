@@ -149,56 +149,42 @@ cudaError_t launch_quantize_segments(const T* src, int64_t ld, const int* gather
   return cudaGetLastError();
 }
 
-// One block: tile_prefix[e] = sum over e' < e of ceil(count / 64); k_offset[e] = sum of counts
-// rounded up to 128. Both with their totals at [E].
+// One block: k_offset[e] = the counts of the experts before e, each rounded up to 128 (the
+// weight gradients' padded positions), the total at [E].
 static __global__ void fp8_schedule_kernel(const int* __restrict__ expert_offset, int experts,
-                                           int* __restrict__ tile_prefix,
                                            int* __restrict__ k_offset) {
-  __shared__ int carry_tiles, carry_pos;
-  __shared__ long long warp_sums[32];
-  if (threadIdx.x == 0) carry_tiles = carry_pos = 0;
+  __shared__ int carry;
+  __shared__ int warp_sums[32];
+  if (threadIdx.x == 0) carry = 0;
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int e0 = 0; e0 < experts; e0 += blockDim.x) {
     const int e = e0 + threadIdx.x;
     const int count = e < experts ? expert_offset[e + 1] - expert_offset[e] : 0;
-    // (tiles, padded positions) as the two 32-bit halves of one int64, scanned together.
-    const long long v = (static_cast<long long>((count + 63) / 64) << 32) |
-                        static_cast<unsigned>((count + 127) / 128 * 128);
-    long long inc = v;
+    const int v = (count + 127) / 128 * 128;
+    int inc = v;
     for (int d = 1; d < 32; d <<= 1) {
-      const long long o = __shfl_up_sync(0xffffffffu, inc, d);
+      const int o = __shfl_up_sync(0xffffffffu, inc, d);
       if (lane >= d) inc += o;
     }
     if (lane == 31) warp_sums[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-      long long w = lane < warps ? warp_sums[lane] : 0;
+      int w = lane < warps ? warp_sums[lane] : 0;
       for (int d = 1; d < 32; d <<= 1) {
-        const long long o = __shfl_up_sync(0xffffffffu, w, d);
+        const int o = __shfl_up_sync(0xffffffffu, w, d);
         if (lane >= d) w += o;
       }
       warp_sums[lane] = w;
     }
     __syncthreads();
-    const long long excl = inc - v + (warp > 0 ? warp_sums[warp - 1] : 0);
-    const int tiles = carry_tiles + static_cast<int>(excl >> 32);
-    const int pos = carry_pos + static_cast<int>(excl & 0xffffffffLL);
-    if (e < experts) {
-      tile_prefix[e] = tiles;
-      k_offset[e] = pos;
-    }
+    const int pos = carry + inc - v + (warp > 0 ? warp_sums[warp - 1] : 0);
+    if (e < experts) k_offset[e] = pos;
     __syncthreads();
-    if (threadIdx.x == blockDim.x - 1) {
-      carry_tiles = tiles + static_cast<int>(v >> 32);
-      carry_pos = pos + static_cast<int>(v & 0xffffffffLL);
-    }
+    if (threadIdx.x == blockDim.x - 1) carry = pos + v;
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    tile_prefix[experts] = carry_tiles;
-    k_offset[experts] = carry_pos;
-  }
+  if (threadIdx.x == 0) k_offset[experts] = carry;
 }
 
 }  // namespace mok::cuda::fp8

@@ -14,10 +14,10 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
   const int64_t P = pr.assignments(), H = pr.hidden, F = pr.ffn, E = pr.experts;
   // Each expert's positions padded to 128 (quantize.cuh): at most 127 extra per expert.
   const int64_t padded = CeilDiv(P + E * 127, 128) * int64_t{128};
-  const int g_tiles = 2 * CeilDiv(F, kBN);  // d_w partials per position (per warpgroup tile)
+  const int g_tiles = CeilDiv(F, kBN);  // d_w partials per position (one per n-tile)
   struct {
     Routing r;
-    Fp8Schedule sched;
+    int* k_offset;             // [E+1] padded positions of the weight gradients
     T* h_scratch;              // [P, 2F] recomputed h (nullptr when saved)
     T* dh;                     // [P, 2F]
     T* aw;                     // [P, F] w * a
@@ -29,7 +29,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
   } b;
   auto layout = [&](Carve& c) {
     b.r = CarveRouting(c, pr, op.ids);
-    b.sched = CarveSchedule(c, E);
+    b.k_offset = c.take<int>(E + 1);
     b.h_scratch = op.h_saved ? nullptr : c.take<T>(P * 2 * F);
     b.dh = c.take<T>(P * 2 * F);
     b.aw = c.take<T>(P * F);
@@ -54,14 +54,15 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
   const T* x = static_cast<const T*>(op.x);
 
   ProfileStart(stream);
-  MOK_RETURN_IF_ERROR(BuildSchedule(r, b.sched, stream));
+  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
+  MOK_RETURN_IF_ERROR(BuildTokenOffsets(r, b.k_offset, stream));
   return DispatchRecipe(recipe, [&](auto tag) -> ffi::Error {
     constexpr Recipe R = decltype(tag)::value;
     constexpr bool kPerRow = R == Recipe::kMx;
     constexpr auto kM = TileShape::kRoutedM;
 
     if (!op.h_saved) {  // h = x[tok] @ Wgu[e], stored in T
-      Fp8GemmParams g = RoutedFp8(r, b.sched.tile_prefix, op.w, op.x_q, r.sorted_token, F, H, true);
+      Fp8GemmParams g = RoutedFp8(r, op.w, op.x_q, r.sorted_token, F, H, true);
       MOK_RETURN_IF_ERROR(SetOperandB(g, op.w_gate_up_fwd, 2 * F, H, E, !kPerRow, "w_gate_up"));
       g.epi.out = b.h_scratch;
       MOK_RETURN_IF_ERROR(
@@ -70,8 +71,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     }
 
     // g = dy[tok] @ Wd[e]^T -> dh, w*a, d_w partials
-    Fp8GemmParams g2 =
-        RoutedFp8(r, b.sched.tile_prefix, op.w, op.dy_q, r.sorted_token, F, H, false);
+    Fp8GemmParams g2 = RoutedFp8(r, op.w, op.dy_q, r.sorted_token, F, H, false);
     MOK_RETURN_IF_ERROR(SetOperandB(g2, op.w_down_bwd, F, H, E, !kPerRow, "w_down (backward)"));
     g2.epi.out = b.dh, g2.epi.out2 = b.aw, g2.epi.h = h, g2.epi.dw_part = b.dw_part;
     g2.epi.ldo = 2 * F;
@@ -86,11 +86,11 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
         stream));
 
     // dx_part = dh @ Wgu[e]^T
-    Fp8GemmParams g3 = RoutedFp8(r, b.sched.tile_prefix, op.w, Quantized{b.dh_q, b.dh_s}, nullptr,
-                                 H, 2 * F, false);
+    Fp8GemmParams g3 = RoutedFp8(r, op.w, Quantized{b.dh_q, b.dh_s}, nullptr, H, 2 * F, false);
     MOK_RETURN_IF_ERROR(
         SetOperandB(g3, op.w_gate_up_bwd, H, 2 * F, E, !kPerRow, "w_gate_up (backward)"));
     g3.epi.out = b.dx_part, g3.epi.ldo = H;
+    g3.staged_out = std::is_same_v<T, bf16>;
     MOK_RETURN_IF_ERROR(
         Stage("fp8 dh Wgu^T GEMM",
               launch_fp8_gemm<R, kM, kPerRow, Epi8::kStoreRows, T>(g3, dev.sms, stream), stream));
@@ -111,15 +111,15 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
                            T* out) -> ffi::Error {
       const int experts = static_cast<int>(E);
       cudaError_t err =
-          launch_quantize_segments<T, R>(a_src, a_ld, a_gather, r.expert_offset, b.sched.k_offset,
+          launch_quantize_segments<T, R>(a_src, a_ld, a_gather, r.expert_offset, b.k_offset,
                                          experts, static_cast<int>(m), padded, a_q, a_s, stream);
       if (err == cudaSuccess)
         err =
-            launch_quantize_segments<T, R>(b_src, b_ld, b_gather, r.expert_offset, b.sched.k_offset,
+            launch_quantize_segments<T, R>(b_src, b_ld, b_gather, r.expert_offset, b.k_offset,
                                            experts, static_cast<int>(n), padded, b_q, b_s, stream);
       MOK_RETURN_IF_ERROR(Stage("quantize along tokens", err, stream));
       Fp8GemmParams g{};
-      g.k_offset = b.sched.k_offset;
+      g.k_offset = b.k_offset;
       g.experts = experts;
       g.M = static_cast<int>(m), g.N = static_cast<int>(n);
       g.m_tiles = CeilDiv(m, kBM), g.n_tiles = CeilDiv(n, kBN);
@@ -127,8 +127,9 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
       MOK_RETURN_IF_ERROR(SetOperandB(g, Quantized{b_q, b_s}, n, padded, 1, false, name));
       g.epi = RoutedParams(r, op.w);
       g.epi.M = static_cast<int>(m), g.epi.N = static_cast<int>(n);
-      g.epi.n_tiles = 2 * g.n_tiles;
+      g.epi.n_tiles = g.n_tiles;
       g.epi.out = out, g.epi.ldo = n;
+      g.staged_out = std::is_same_v<T, bf16>;
       return Stage(
           name,
           launch_fp8_gemm<R, TileShape::kExpertK, true, Epi8::kStoreCast, T>(g, dev.sms, stream),

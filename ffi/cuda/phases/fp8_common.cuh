@@ -58,17 +58,17 @@ inline ffi::Error SetOperandB(Fp8GemmParams& p, Quantized b, int64_t rows, int64
 
 // A routed GEMM over the expert-sorted positions: out columns N, reduction K, A rows of `a`
 // (gathered by `gather`, or in position order), 256-wide n-tiles (gate/up: 128 F columns).
-inline Fp8GemmParams RoutedFp8(const Routing& r, const int* tile_prefix, const float* topk_weights,
-                               Quantized a, const int* gather, int64_t n, int64_t k, bool glu) {
+inline Fp8GemmParams RoutedFp8(const Routing& r, const float* topk_weights, Quantized a,
+                               const int* gather, int64_t n, int64_t k, bool glu) {
   Fp8GemmParams p{};
   p.expert_offset = r.expert_offset;
-  p.tile_prefix = tile_prefix;
+  p.mtile_prefix = r.mtile_prefix;
   p.experts = r.experts;
   p.N = static_cast<int>(n);
   p.K = static_cast<int>(k);
   p.glu = glu;
   p.glu_offset = glu ? static_cast<int>(n) : 0;
-  p.n_tiles = glu ? CeilDiv(n, kBN / 2) : CeilDiv(n, kBN);
+  p.n_tiles = glu ? CeilDiv(n, kHalfN) : CeilDiv(n, kBN);
   p.a = a.values;
   p.lda = k;
   p.a_gather = gather;
@@ -76,25 +76,14 @@ inline Fp8GemmParams RoutedFp8(const Routing& r, const int* tile_prefix, const f
   p.a_scale_ld = k / 32;
   p.epi = RoutedParams(r, topk_weights);
   p.epi.N = static_cast<int>(n);
-  p.epi.n_tiles = 2 * p.n_tiles;  // the epilogue runs per consumer warpgroup: 128 columns each
+  p.epi.n_tiles = p.n_tiles;
   return p;
 }
 
-// Where the schedule of the FP8 GEMMs lives in scratch.
-struct Fp8Schedule {
-  int* tile_prefix;  // [E+1]
-  int* k_offset;     // [E+1]
-};
-
-inline Fp8Schedule CarveSchedule(Carve& c, int64_t experts) {
-  return Fp8Schedule{c.take<int>(experts + 1), c.take<int>(experts + 1)};
-}
-
-inline ffi::Error BuildSchedule(const Routing& r, const Fp8Schedule& s, cudaStream_t stream) {
-  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
-  fp8_schedule_kernel<<<1, 1024, 0, stream>>>(r.expert_offset, r.experts, s.tile_prefix,
-                                              s.k_offset);
-  return Stage("fp8 schedule", cudaGetLastError(), stream);
+// The weight gradients' padded position offsets [E+1] (fp8_quantize.cuh), from the routing.
+inline ffi::Error BuildTokenOffsets(const Routing& r, int* k_offset, cudaStream_t stream) {
+  fp8_schedule_kernel<<<1, 1024, 0, stream>>>(r.expert_offset, r.experts, k_offset);
+  return Stage("padded token offsets", cudaGetLastError(), stream);
 }
 
 }  // namespace mok::cuda::fp8

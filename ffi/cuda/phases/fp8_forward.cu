@@ -11,12 +11,10 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
                     const float* w, Quantized w_gate_up, Quantized w_down, T* y, T* h_save) {
   const int64_t P = pr.assignments(), H = pr.hidden, F = pr.ffn, E = pr.experts;
   Routing r;
-  Fp8Schedule sched;
   uint8_t *act, *act_scales;
   T* y_part;
   auto layout = [&](Carve& c) {
     r = CarveRouting(c, pr, ids);
-    sched = CarveSchedule(c, E);
     act = c.take<uint8_t>(P * F);              // a = SwiGLU(h), E4M3 [P, F]
     act_scales = c.take<uint8_t>(P * F / 32);  // its scales
     y_part = c.take<T>(P * H);                 // w * (a @ Wd[e]) per assignment
@@ -29,12 +27,12 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
   layout(c);
 
   ProfileStart(stream);
-  MOK_RETURN_IF_ERROR(BuildSchedule(r, sched, stream));
+  MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
   return DispatchRecipe(recipe, [&](auto tag) -> ffi::Error {
     constexpr Recipe R = decltype(tag)::value;
     constexpr bool kPerRow = R == Recipe::kMx;  // fp8_block weights: 128 x 128 blocks
 
-    Fp8GemmParams g1 = RoutedFp8(r, sched.tile_prefix, w, x, r.sorted_token, F, H, true);
+    Fp8GemmParams g1 = RoutedFp8(r, w, x, r.sorted_token, F, H, true);
     MOK_RETURN_IF_ERROR(SetOperandB(g1, w_gate_up, 2 * F, H, E, !kPerRow, "w_gate_up"));
     g1.q_out = act, g1.q_scale = act_scales;
     g1.epi.out2 = h_save;
@@ -43,10 +41,10 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
         launch_fp8_gemm<R, TileShape::kRoutedM, kPerRow, Epi8::kGluQuant, T>(g1, dev.sms, stream),
         stream));
 
-    Fp8GemmParams g2 =
-        RoutedFp8(r, sched.tile_prefix, w, Quantized{act, act_scales}, nullptr, H, F, false);
+    Fp8GemmParams g2 = RoutedFp8(r, w, Quantized{act, act_scales}, nullptr, H, F, false);
     MOK_RETURN_IF_ERROR(SetOperandB(g2, w_down, H, F, E, !kPerRow, "w_down"));
     g2.epi.out = y_part, g2.epi.ldo = H;
+    g2.staged_out = std::is_same_v<T, bf16>;
     MOK_RETURN_IF_ERROR(Stage(
         "fp8 down GEMM x weight",
         launch_fp8_gemm<R, TileShape::kRoutedM, kPerRow, Epi8::kWeighted, T>(g2, dev.sms, stream),
