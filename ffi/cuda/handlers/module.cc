@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/handlers/ep.h"
+#include "cuda/handlers/fp8.h"
 #include "cuda/handlers/moe.h"
 #include "cuda/host/symmetric.h"
 
@@ -33,6 +34,12 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_ep_moe_fwd_train"] = Capsule(MokEpMoeFwdTrainCuda);  // + the received rows, h
     d["mok_ep_moe_bwd"] = Capsule(MokEpMoeBwdCuda);             // the fused backward
     d["mok_home_sum"] = Capsule(MokHomeSumCuda);                // the XLA transport's combine
+    // The FP8 layer (MoEConfig.quantization; handlers/fp8.cu).
+    d["mok_moe_fwd_fp8"] = Capsule(MokMoeFwdFp8Cuda);
+    d["mok_moe_fwd_train_fp8"] = Capsule(MokMoeFwdTrainFp8Cuda);
+    d["mok_moe_bwd_fp8"] = Capsule(MokMoeBwdFp8Cuda);
+    d["mok_moe_bwd_saved_fp8"] = Capsule(MokMoeBwdSavedFp8Cuda);
+    d["mok_quantize"] = Capsule(MokQuantizeCuda);
     return d;
   });
   m.def("device_info", [] {

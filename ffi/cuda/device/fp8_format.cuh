@@ -1,0 +1,111 @@
+// The two FP8 formats of MoEConfig.quantization, element by element, exactly as
+// jax_mok/quantization.py defines them (the GPU tests compare these kernels' bits with it):
+//   mxfp8     : E4M3 values, one E8M0 scale 2^e per 32 elements along the reduction axis; e is the
+//               smallest integer with amax <= 448 * 2^e (from the bits of amax, no log2), clamped
+//               to [-127, 127], -127 for amax = 0; value = RNE_e4m3(clip(x * 2^-e, +-448)).
+//   fp8_block : E4M3 values, one float32 scale per block (1x128 activations, 128x128 weights):
+//               scale = amax / 448 where that is >= 2^-117, else 1; value = RNE_e4m3(clip(x /
+//               scale)) (IEEE division).
+// A NaN or an infinity in a block makes the block's scale NaN (E8M0 0xFF, float32 0x7FC00000) and
+// every value of the block the E4M3 NaN 0x7F. Subnormal inputs are values like any other: these
+// kernels do not flush (nvcc's default), so plain float32 arithmetic gives the specified bits.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace mok::cuda::fp8 {
+
+// The Python attribute `recipe` (jax_mok/kernels/targets.py).
+enum class Recipe : int { kMx = 1, kBlock = 2 };
+
+// Elements per scale along the reduction axis.
+template <Recipe R>
+constexpr int kScaleBlock = R == Recipe::kMx ? 32 : 128;
+
+// Both recipes store 4 scale bytes per 128 reduction elements (4 E8M0 bytes, or one float32), so
+// a row of scales is K / 32 bytes and the scales of one 128-wide k-block are one 32-bit word.
+constexpr int kScaleBytesPerK128 = 4;
+
+// max(|a|, |b|) that keeps a NaN once seen (fmaxf would drop it).
+__device__ __forceinline__ float amax_combine(float m, float v) {
+  v = fabsf(v);
+  return (v > m || v != v) ? v : m;
+}
+
+__device__ __forceinline__ float e8m0_to_float(uint32_t byte) {
+  if (byte == 0xFFu) return __int_as_float(0x7FC00000);  // NaN
+  if (byte == 0u) return __int_as_float(0x00400000);     // 2^-127 (a float32 subnormal)
+  return __int_as_float(static_cast<int>(byte) << 23);
+}
+
+// The E8M0 exponent e of an mxfp8 block with max |x| = amax (finite, >= 0): the smallest e with
+// amax <= 448 * 2^e. With amax = m * 2^q, m in [0.5, 1): e = q - 9 when m <= 0.875, else q - 8.
+__device__ __forceinline__ int mx_exponent(float amax) {
+  if (amax == 0.f) return -127;
+  const uint32_t bits = __float_as_uint(amax);
+  int biased = static_cast<int>(bits >> 23);
+  uint32_t frac = bits & 0x7FFFFFu;
+  if (biased == 0) {  // subnormal: normalise the fraction (its leading one becomes implicit)
+    const int lead = 31 - __clz(frac);
+    frac = (frac << (23 - lead)) & 0x7FFFFFu;
+    biased = lead - 22;
+  }
+  const int q = biased - 126;                       // amax = (1.frac / 2) * 2^q
+  const int e = frac <= 0x600000u ? q - 9 : q - 8;  // 1.frac <= 1.75  <=>  m <= 0.875
+  return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+// How one block's values are scaled, from its amax.
+struct BlockScale {
+  float mul = 1.f;         // mxfp8: x * mul, mul = 2^-e
+  float div = 1.f;         // fp8_block: x / div, div = the stored scale
+  uint32_t stored = 0;     // mxfp8: the E8M0 byte; fp8_block: the float32 bits
+  bool nonfinite = false;  // a NaN or an infinity in the block
+};
+
+constexpr float kMinBlockScale = 0x1p-117f;  // keeps every dequantized fp8_block value normal
+
+template <Recipe R>
+__device__ __forceinline__ BlockScale block_scale(float amax) {
+  BlockScale s;
+  s.nonfinite = !(amax <= 3.4028235e38f);
+  if constexpr (R == Recipe::kMx) {
+    if (s.nonfinite) {
+      s.stored = 0xFFu;
+    } else {
+      const int e = mx_exponent(amax);
+      s.mul = __int_as_float((127 - e) << 23);  // e <= 120 for finite float32 amax
+      s.stored = static_cast<uint32_t>(e + 127);
+    }
+  } else {
+    const float scale = amax / 448.f;
+    s.div = s.nonfinite ? __int_as_float(0x7FC00000) : (scale >= kMinBlockScale ? scale : 1.f);
+    s.stored = __float_as_uint(s.div);
+  }
+  return s;
+}
+
+// Two adjacent values to two E4M3 bytes (low byte = v.x), round to nearest even, saturating.
+template <Recipe R>
+__device__ __forceinline__ uint16_t quantize_pair(float2 v, const BlockScale& s) {
+  if (s.nonfinite) return 0x7F7Fu;
+  if constexpr (R == Recipe::kMx) {
+    v.x *= s.mul, v.y *= s.mul;
+  } else {
+    v.x = v.x / s.div, v.y = v.y / s.div;
+  }
+  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// The float32 factor of one stored scale (for the GEMMs' promotion).
+template <Recipe R>
+__device__ __forceinline__ float scale_value(uint32_t stored) {
+  if constexpr (R == Recipe::kMx)
+    return e8m0_to_float(stored & 0xFFu);
+  else
+    return __uint_as_float(stored);
+}
+
+}  // namespace mok::cuda::fp8

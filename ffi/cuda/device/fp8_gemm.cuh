@@ -1,0 +1,427 @@
+// The Hopper FP8 grouped GEMM of both recipes (fp8_format.cuh): E4M3 operands, float32
+// accumulation, block scales applied in float32 by the CUDA cores ("promotion").
+//
+//   CTA tile 128 (M) x 256 (N) x 128 (K per stage), the BF16 kernel's tile (mainloop.cuh), so the
+//   routing schedule and the epilogues are shared with it. Warpgroup 0 produces; warpgroups 1 and
+//   2 consume 64 rows each, their 256 columns as two halves of 128 (wgmma m64n128k32, both
+//   operands K-major as FP8 wgmma requires). A scale block covers 128 K (fp8_block) or 32 K
+//   (mxfp8): the wgmmas of one half and one scale block accumulate into a fresh register tile
+//   `part` (64 floats), which is added to the float32 accumulator (128 floats) times (scale of the
+//   A row) x (scale of the B column). FP8 wgmma accumulates with limited precision, so no more
+//   than one scale block ever sums inside the tensor cores.
+//
+//   Operand A: rows of an FP8 matrix, K contiguous, gathered (routed rows) or not, by cp.async into
+//   128B-swizzled smem; its scales, 4 bytes per row per stage, by plain loads converted to float32
+//   in smem. Operand B: the experts' FP8 weights [E][N][K] (or one [N][K] matrix) by TMA, two
+//   64-row boxes per half; scales per B row (mxfp8, and the weight gradients' token-wise scales)
+//   or per 128-row block (fp8_block weights: one per half).
+//
+//   Two tile shapes:
+//   kRoutedM  rows = expert-sorted positions (128-row tiles of one expert: mtile_prefix), B = that
+//             expert's weights, K = the full reduction dim. Epilogues as the BF16 path, plus
+//             kGluQuant: SwiGLU whose activations are quantized along F right here (a warpgroup
+//             holds whole 128-column rows of a: gate in half 0, up in half 1).
+//   kExpertK  weight gradients: C_e[m, n] = sum_p A[m, p] B[n, p] over the positions p of expert
+//             e, both operands transposed and quantized along positions (fp8_quantize.cuh), each
+//             expert's positions padded to a multiple of 128 (k_offset).
+#pragma once
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "cuda/device/epilogue.cuh"
+#include "cuda/device/fp8_format.cuh"
+#include "cuda/device/mainloop_sm90.cuh"  // producer_sync, store_rows_staged
+
+namespace mok::cuda::fp8 {
+
+constexpr int kBM = kTileM, kBN = 256, kBK = 128, kStages = 3, kThreads = 384;
+static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
+constexpr int kHalfN = kBN / 2;   // columns of one wgmma / one `part` tile
+constexpr int kSteps = kBK / 32;  // k32 wgmma steps per stage
+constexpr int kBoxRows = 64;      // rows of one TMA box of B (128 bytes wide)
+
+enum class TileShape { kRoutedM, kExpertK };
+// kGluQuant: SwiGLU of the gate/up tile, quantized to FP8 (+ h saved when epi.out2 is set).
+// Otherwise one of the BF16 path's epilogues (epilogue.cuh).
+enum class Epi8 { kGluQuant, kWeighted, kSwiGLUBwd, kStoreRows, kStoreGLU, kStoreCast };
+
+struct Fp8GemmParams {
+  // schedule (device arrays)
+  const int* expert_offset;  // [E+1] kRoutedM: first position of each expert
+  const int* mtile_prefix;   // [E+1] kRoutedM: exclusive prefix of ceil(count / 128)
+  const int* k_offset;       // [E+1] kExpertK: first padded position of each expert
+  int experts;
+  int M, N, K;  // kRoutedM: N, K (M is the positions); kExpertK: M, N (K per expert)
+  int b_rows;   // rows of B per expert (N, or 2F for gate/up tiles): scale bounds
+  int n_tiles;  // 256-wide tiles along N (gate/up: 128 F columns each)
+  int m_tiles;  // kExpertK: 128-row tiles along M
+  bool glu;     // B rows = [gate | up], glu_offset = F
+  int glu_offset;
+  // A: FP8 [rows][lda] (K contiguous); scales: K / 32 bytes per row (4 bytes per 128 K)
+  const uint8_t* a;
+  int64_t lda;
+  const int* a_gather;  // kRoutedM: row of position p is a_gather[p] (nullptr: p)
+  const uint8_t* a_scale;
+  int64_t a_scale_ld;  // bytes per row of scales
+  // B: FP8 by TMA (tmap_b: [E][rows][K], boxes 128 x 64); scales
+  const uint8_t* b_scale;
+  int64_t b_scale_expert_stride;  // bytes per expert
+  int64_t b_scale_ld;             // bytes per scale row (per B row, or per 128 B rows)
+  // kGluQuant outputs: a = SwiGLU(h) as FP8 [P][F] and its scales (F / 32 bytes per row)
+  uint8_t* q_out;
+  uint8_t* q_scale;
+  bool staged_out;  // row outputs through shared memory (bf16 only, where it fits)
+  GemmParams epi;  // the BF16 path's epilogue fields (out, out2, h, topk_weights, sorted_slot, ...)
+  alignas(64) CUtensorMap tmap_b;
+};
+
+template <TileShape kShape>
+__device__ __forceinline__ int fp8_total_tiles(const Fp8GemmParams& p, const int* s_prefix) {
+  if constexpr (kShape == TileShape::kExpertK)
+    return p.experts * p.m_tiles * p.n_tiles;
+  else
+    return s_prefix[p.experts] * p.n_tiles;
+}
+
+template <TileShape kShape>
+__device__ __forceinline__ WorkTile fp8_decode(const Fp8GemmParams& p, int tile,
+                                               const int* s_prefix, const int* s_offset) {
+  WorkTile w;
+  if constexpr (kShape == TileShape::kExpertK) {
+    const int per_expert = p.m_tiles * p.n_tiles;
+    w.expert = tile / per_expert;
+    const int local = tile - w.expert * per_expert;
+    w.n_tile = local / p.m_tiles;
+    w.row0 = (local - w.n_tile * p.m_tiles) * kBM;
+    w.rows = min(kBM, p.M - w.row0);
+    w.k_off = s_offset[w.expert];
+    w.k_len = s_offset[w.expert + 1] - w.k_off;
+  } else {
+    const RoutedTile t = decode_routed_tile(tile, s_prefix, s_offset, p.experts, p.n_tiles);
+    w.expert = t.expert, w.row0 = t.row0, w.rows = t.rows, w.n_tile = t.n_tile;
+    w.k_off = 0, w.k_len = p.K;
+  }
+  return w;
+}
+
+// First B row of box j (0..3): boxes 0, 1 fill half 0, boxes 2, 3 half 1. Gate/up tiles put the
+// 128 gate columns of F in half 0 and their up columns in half 1.
+__device__ __forceinline__ int fp8_box_row(const Fp8GemmParams& p, int n_tile, int j) {
+  if (p.glu) return (j >= 2 ? p.glu_offset : 0) + n_tile * kHalfN + (j & 1) * kBoxRows;
+  return n_tile * kBN + j * kBoxRows;
+}
+
+// Scale factors kept per stage: mxfp8 one per k32 step, fp8_block one per stage.
+template <Recipe R>
+constexpr int kScaleSteps = R == Recipe::kMx ? kSteps : 1;
+
+template <Recipe R>
+struct alignas(1024) Fp8Smem {
+  uint8_t a[kStages][kBM * kBK];           // (128, 128) per stage, 128B-swizzled rows
+  uint8_t b[2][kStages][kHalfN * kBK];     // per half (128, 128) per stage: two TMA boxes
+  float sa[kStages][kScaleSteps<R>][kBM];  // A scales of each step, per tile row
+  float sb[kStages][kScaleSteps<R>][kBN];  // B scales per B row, or per half in [.][0][0..1]
+  uint64_t full[kStages], empty[kStages];
+  int64_t rows[kBM];                            // source row of each tile row (-1: none)
+  alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop.cuh)
+};
+// The expert tables follow the struct: mtile_prefix / k_offset [E+1], expert_offset / k_offset.
+template <Recipe R>
+size_t fp8_smem_bytes(int experts) {
+  return 1024 + sizeof(Fp8Smem<R>) + 2 * sizeof(int) * static_cast<size_t>(experts + 1);
+}
+
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+template <Recipe R, TileShape kShape, bool kBPerRow>
+__device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
+                             const int* s_offset, int t) {
+  const int total = fp8_total_tiles<kShape>(p, s_prefix);
+  const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
+  int stage = 0, phase = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = fp8_decode<kShape>(p, tile, s_prefix, s_offset);
+    producer_sync();  // the previous tile's rows are no longer read
+    {
+      int64_t src = -1;
+      if (t < w.rows) {
+        const int pos = w.row0 + t;
+        src = (kShape == TileShape::kRoutedM && p.a_gather) ? p.a_gather[pos] : pos;
+      }
+      s.rows[t] = src;
+    }
+    producer_sync();
+    const int e = kShape == TileShape::kRoutedM ? w.expert : 0;
+    const uint8_t* b_scale = p.b_scale + e * p.b_scale_expert_stride;
+    for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
+      mbar_wait(&s.empty[stage], phase ^ 1);
+      const int k = w.k_off + k0;  // absolute K of the stage in A and B
+      const uint32_t stage_a = smem_u32(s.a[stage]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {  // A: 128 rows x 8 chunks of 16 bytes
+        const int r = (t >> 3) + 16 * i;
+        const int64_t src = s.rows[r];
+        const bool ok = src >= 0;
+        cp_async_16(stage_a + r * 128 + ((chunk ^ (r & 7)) << 4),
+                    ok ? p.a + src * p.lda + k + 16 * chunk : p.a, ok);
+      }
+      if (t == 0) {
+        mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
+                      &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
+      }
+      mbar_arrive_cp_async(&s.full[stage]);
+      // Scales: one 32-bit word per row and stage (4 E8M0 bytes, or one float32), converted here.
+      const int kw = k / kBK * kScaleBytesPerK128;
+      {
+        const int64_t src = s.rows[t];
+        const uint32_t word =
+            src >= 0 ? *reinterpret_cast<const uint32_t*>(p.a_scale + src * p.a_scale_ld + kw) : 0u;
+#pragma unroll
+        for (int j = 0; j < kScaleSteps<R>; ++j)
+          s.sa[stage][j][t] = scale_value<R>(R == Recipe::kMx ? word >> (8 * j) : word);
+      }
+      if constexpr (kBPerRow) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rho = t + 128 * h;  // smem row: half h, row t
+          const int n = fp8_box_row(p, w.n_tile, 2 * h + (t >> 6)) + (t & 63);
+          const uint32_t word =
+              n < p.b_rows ? *reinterpret_cast<const uint32_t*>(b_scale + n * p.b_scale_ld + kw)
+                           : 0u;
+#pragma unroll
+          for (int j = 0; j < kScaleSteps<R>; ++j)
+            s.sb[stage][j][rho] = scale_value<R>(R == Recipe::kMx ? word >> (8 * j) : word);
+        }
+      } else if (t < 2) {  // one float32 per half: its 128 rows lie in one 128-row block
+        const int n = fp8_box_row(p, w.n_tile, 2 * t);
+        const uint32_t word =
+            n < p.b_rows
+                ? *reinterpret_cast<const uint32_t*>(b_scale + (n / 128) * p.b_scale_ld + kw)
+                : 0u;
+        s.sb[stage][0][t] = scale_value<R>(word);
+      }
+      mbar_arrive(&s.full[stage]);  // release: the scale stores above
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+  }
+}
+
+__device__ __forceinline__ float amax_merge(float m, float v) {
+  return (v > m || v != v) ? v : m;  // both >= 0 or NaN
+}
+__device__ __forceinline__ float quad_amax(float m) {
+  m = amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  return amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+// kGluQuant: a = silu(gate) * up of this warpgroup's 64 rows x 128 F columns (gate value i pairs
+// with up value i + 64), quantized along F: a row's 128 values lie in one quad (4 lanes), mxfp8's
+// blocks of 32 columns are values i >> 4 of it. h (training) is stored as the BF16 path does.
+template <Recipe R, class T>
+__device__ __forceinline__ void glu_quant_epilogue(const Fp8GemmParams& p, const WorkTile& w,
+                                                   const float* acc, int wg, int t) {
+  const int F = p.N, row_base = 64 * wg, f_base = w.n_tile * kHalfN;
+  float a[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) a[i] = acc[i] * sigmoidf(acc[i]) * acc[i + 64];
+  T* h = static_cast<T*>(p.epi.out2);  // [P, 2F] gate | up, saved for the backward
+  if (h) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const int r = row_base + frag_row(i, t);
+      if (r >= w.rows) continue;
+      T* row = h + static_cast<int64_t>(w.row0 + r) * 2 * F + f_base + frag_col(i, t);
+      store2(row, acc[i], acc[i + 1]);
+      store2(row + F, acc[i + 64], acc[i + 65]);
+    }
+  }
+  constexpr int kBlocks = R == Recipe::kMx ? 4 : 1;  // scale blocks in 128 columns
+  float m[2][kBlocks];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) m[rh][b] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int b = kBlocks == 4 ? (i >> 4) : 0;  // column 8 (i >> 2) + ...: block of 32 = i >> 4
+    m[(i >> 1) & 1][b] = amax_combine(m[(i >> 1) & 1][b], a[i]);
+  }
+  BlockScale bs[2][kBlocks];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) bs[rh][b] = block_scale<R>(quad_amax(m[rh][b]));
+#pragma unroll
+  for (int i = 0; i < 64; i += 2) {
+    const int r = row_base + frag_row(i, t);
+    if (r >= w.rows) continue;
+    const uint16_t q = quantize_pair<R>(make_float2(a[i], a[i + 1]),
+                                        bs[(i >> 1) & 1][kBlocks == 4 ? (i >> 4) : 0]);
+    *reinterpret_cast<uint16_t*>(p.q_out + static_cast<int64_t>(w.row0 + r) * F + f_base +
+                                 frag_col(i, t)) = q;
+  }
+  if ((t & 3) == 0) {
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int r = row_base + frag_row(2 * rh, t);
+      if (r >= w.rows) continue;
+      uint8_t* row_scales = p.q_scale + static_cast<int64_t>(w.row0 + r) * (F / 32);
+      if constexpr (R == Recipe::kMx) {
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) row_scales[f_base / 32 + b] = bs[rh][b].stored;
+      } else {
+        reinterpret_cast<uint32_t*>(row_scales)[w.n_tile] = bs[rh][0].stored;
+      }
+    }
+  }
+}
+
+template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
+__device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
+                             const int* s_offset, int wg, int t) {
+  using namespace cute;
+  using Elem = cute::float_e4m3_t;
+  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<kBM>, Int<kBK>, Int<kStages>>{}));
+  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<kHalfN>, Int<kBK>, Int<kStages>>{}));
+  using TiledMma = decltype(make_tiled_mma(SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>{},
+                                           Layout<Shape<_2, _1, _1>>{}));  // warpgroups split M
+  static_assert(sizeof(s.a) == cosize(SmemLayoutA{}), "A ring size");
+  static_assert(sizeof(s.b[0]) == cosize(SmemLayoutB{}), "B ring size (one half)");
+  Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<Elem*>(&s.a[0][0])), SmemLayoutA{});
+  Tensor sB0 = make_tensor(make_smem_ptr(reinterpret_cast<Elem*>(&s.b[0][0][0])), SmemLayoutB{});
+  Tensor sB1 = make_tensor(make_smem_ptr(reinterpret_cast<Elem*>(&s.b[1][0][0])), SmemLayoutB{});
+  TiledMma mma;
+  auto thr = mma.get_thread_slice(wg * 128 + t);
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));    // (MMA,1,MMA_K,STAGES) descriptors
+  Tensor tCrB0 = thr.make_fragment_B(thr.partition_B(sB0));  // (MMA,1,MMA_K,STAGES)
+  Tensor tCrB1 = thr.make_fragment_B(thr.partition_B(sB1));
+  Tensor part = partition_fragment_C(mma, Shape<Int<kBM>, Int<kHalfN>>{});  // (MMA,1,1) 64 f32
+  static_assert(decltype(size(part))::value == 64, "64 accumulators per thread and half");
+  float acc[128];  // value i + 64 h: half h, in the wgmma order of a 64 x 256 warpgroup tile
+  const int r0 = 64 * wg + frag_row(0, t), r1 = 64 * wg + frag_row(2, t);
+  const int total = fp8_total_tiles<kShape>(p, s_prefix);
+  int stage = 0, phase = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = fp8_decode<kShape>(p, tile, s_prefix, s_offset);
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
+      mbar_wait(&s.full[stage], phase);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < kSteps; ++j) {
+          if (R == Recipe::kMx || j == 0) mma.accumulate_ = GMMA::ScaleOut::Zero;
+          warpgroup_fence_operand(part);
+          warpgroup_arrive();
+          if (h == 0)
+            gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
+          else
+            gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+          warpgroup_commit_batch();
+          if (R == Recipe::kMx || j == kSteps - 1) {
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(part);
+            const int js = R == Recipe::kMx ? j : 0;
+            const float a0 = s.sa[stage][js][r0], a1 = s.sa[stage][js][r1];
+            if constexpr (kBPerRow) {
+              const float* sb = &s.sb[stage][js][h * kHalfN];
+#pragma unroll
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] =
+                    fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
+            } else {
+              const float b = s.sb[stage][0][h];
+              const float f0 = a0 * b, f1 = a1 * b;
+#pragma unroll
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
+            }
+          }
+        }
+      }
+      if (t == 0) mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    auto value = [&](int i) { return acc[i]; };
+    if constexpr (kEpi == Epi8::kGluQuant) {
+      glu_quant_epilogue<R, T>(p, w, acc, wg, t);
+    } else {
+      constexpr Epi kBf16Epi = kEpi == Epi8::kWeighted    ? Epi::kWeighted
+                               : kEpi == Epi8::kSwiGLUBwd ? Epi::kSwiGLUBwd
+                               : kEpi == Epi8::kStoreRows ? Epi::kStoreRows
+                               : kEpi == Epi8::kStoreGLU  ? Epi::kStoreGLU
+                                                          : Epi::kStoreCast;
+      constexpr bool kCanStage =
+          std::is_same_v<T, bf16> && (kBf16Epi == Epi::kWeighted || kBf16Epi == Epi::kStoreRows ||
+                                      kBf16Epi == Epi::kStoreCast);
+      if constexpr (kCanStage) {
+        if (p.staged_out) {
+          store_rows_staged<kBf16Epi, kBN>(p.epi, w, value, wg, t,
+                                           s.out_stage + wg * (kOutStageBytes / 2));
+          continue;
+        }
+      }
+      run_epilogue<T, kBf16Epi, kBN>(p.epi, w, value, wg, t);
+    }
+  }
+}
+
+template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_gemm_kernel(const __grid_constant__ Fp8GemmParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ char smem_raw[];
+  char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  Fp8Smem<R>& s = *reinterpret_cast<Fp8Smem<R>*>(base);
+  int* s_prefix = reinterpret_cast<int*>(base + sizeof(Fp8Smem<R>));  // mtile_prefix / k_offset
+  int* s_offset = s_prefix + p.experts + 1;                           // expert_offset / k_offset
+  const int* prefix_src = kShape == TileShape::kExpertK ? p.k_offset : p.mtile_prefix;
+  const int* offset_src = kShape == TileShape::kExpertK ? p.k_offset : p.expert_offset;
+  for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
+    s_prefix[i] = prefix_src[i];
+    s_offset[i] = offset_src[i];
+  }
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&s.full[i], 2 * 128 + 1);  // cp.async arrivals, scale-store arrivals, TMA bytes
+      mbar_init(&s.empty[i], 2);           // one thread per consumer warpgroup
+    }
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+    if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
+    fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t);
+  }
+#endif
+}
+
+template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
+cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t stream) {
+  const size_t smem = fp8_smem_bytes<R>(p.experts);
+  auto* kernel = fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<num_sms, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace mok::cuda::fp8

@@ -1,0 +1,206 @@
+"""GPU tests of the FP8 kernels (ffi/cuda, both recipes): the quantizer's bits against
+jax_mok.quantization, and the layer's values and every gradient against the pure-JAX FP8 layer
+(jax_mok.fp8, the same semantics computed by XLA on dequantized operands), determinism, the saved
+and recomputed residual policies, and the distance to the unquantized layer.
+
+Skipped without a GPU; ``JAX_MOK_REQUIRE_CUDA=1`` turns the skips into failures (GPU machine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+RECIPES = ("mxfp8", "fp8_block")
+NAMES = ("y", "dx", "d_topk_weights", "d_w_gate_up", "d_w_down")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cuda_backend():
+    """The marker's skip (conftest.py) covers a missing GPU; here: a missing CUDA build."""
+    import os
+
+    from jax_mok.kernels import _ffi
+
+    if _ffi.cuda_module() is None:
+        if os.environ.get("JAX_MOK_REQUIRE_CUDA") == "1":
+            pytest.fail("JAX_MOK_REQUIRE_CUDA=1 but jax_mok._mok_cuda is not built")
+        pytest.skip("jax_mok._mok_cuda is not built")
+
+
+def _cpu():
+    return jax.devices("cpu")[0]
+
+
+def _routing(rng, T, E, k, kind):
+    ids = np.argsort(rng.random((T, E)), axis=1)[:, :k]
+    if kind == "dropped":
+        ids = np.where(rng.random((T, k)) < 0.3, -1, ids)
+    elif kind == "one_expert":
+        ids = np.full((T, k), -1)
+        ids[:, 0] = E - 1
+    elif kind == "skewed":
+        hot = max(1, E // 10)
+        logits = rng.standard_normal((T, E))
+        logits[:, :hot] += 2.5
+        ids = np.argsort(-logits, axis=1)[:, :k]
+    weights = rng.random((T, k)).astype(np.float32) + 0.1
+    return jnp.asarray(ids, jnp.int32), jnp.asarray(weights)
+
+
+def _problem(seed, T, H, F, E, k, dtype, kind):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    wgu = (rng.standard_normal((E, H, 2 * F)) / np.sqrt(H)).astype(np.float32)
+    wd = (rng.standard_normal((E, F, H)) / np.sqrt(F)).astype(np.float32)
+    dy = rng.standard_normal((T, H)).astype(np.float32)
+    ids, w = _routing(rng, T, E, k, kind)
+    cast = lambda a: jnp.asarray(a, dtype)
+    return cast(x), ids, w, cast(wgu), cast(wd), cast(dy)
+
+
+def _vjp_fn(fn):
+    def f(x, ids, w, wgu, wd, dy):
+        y, vjp = jax.vjp(lambda x, w, wgu, wd: fn(x, ids, w, wgu, wd), x, w, wgu, wd)
+        return (y, *vjp(dy))
+
+    return jax.jit(f)
+
+
+def _cuda(recipe, save):
+    from jax_mok.kernels import fp8 as kernels_fp8
+
+    return _vjp_fn(lambda x, ids, w, wgu, wd: kernels_fp8.routed_experts_fp8(
+        x, ids, w, wgu, wd, recipe, implementation="cuda", save_activations=save))
+
+
+def _reference(recipe, args):
+    """The pure-JAX FP8 layer (jax_mok.fp8: GEMMs at Precision.HIGHEST)."""
+    from jax_mok import fp8
+
+    return _vjp_fn(lambda x, ids, w, wgu, wd: fp8.routed_experts_fp8(
+        x, ids, w, wgu, wd, recipe))(*args)
+
+
+def _rel(a, b):
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    assert np.all(np.isfinite(a)), "non-finite values in the kernel output"
+    denom = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (denom if denom > 0 else 1.0))
+
+
+def _poison(*like):
+    """NaN-filled device blocks of the outputs' sizes, freed again: XLA reuses them, so an
+    unwritten output element shows up as NaN or a large error."""
+    junk = [jnp.full(a.shape, jnp.nan, jnp.float32) for a in like]
+    jax.block_until_ready(junk)
+    del junk
+
+
+def _special_rows(rng, rows, cols, dtype):
+    """Random rows with a few blocks of edge cases: zeros, huge, tiny (subnormal in float32),
+    a NaN, an infinity, exact powers of two, and values that round to ties."""
+    x = rng.standard_normal((rows, cols)).astype(np.float32) * 3.0
+    x[0, :128] = 0.0
+    x[1, :128] *= 1e30
+    x[2, :128] *= 1e-39 if dtype == jnp.float32 else 1e-30
+    x[3, 5] = np.nan
+    x[4, 70] = np.inf
+    x[5, :128] = 2.0 ** rng.integers(-20, 20, 128)
+    x[6, :128] = 448.0 * (1 + np.arange(128) / 128)
+    return jnp.asarray(x, dtype)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_quantize_kernel_bits_equal_jax(recipe, dtype):
+    from jax_mok.kernels import fp8 as kernels_fp8
+    from jax_mok.kernels import targets
+
+    rng = np.random.default_rng(3)
+    x = _special_rows(rng, 96, 512, dtype)
+    got = [np.asarray(a) for a in targets.quantize_rows(x, recipe)]
+    with jax.default_device(_cpu()):  # the specification's bits, computed by XLA:CPU
+        want = [np.asarray(a) for a in kernels_fp8.quantize_rows(jax.device_put(x, _cpu()),
+                                                                 recipe)]
+    for name, g, w in zip(("values", "scales"), got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{name}: {g.shape} {g.dtype}"
+        gb, wb = g.view(np.uint8), w.view(np.uint8)
+        bad = np.argwhere(gb != wb)
+        assert bad.size == 0, f"{name}: {len(bad)} bytes differ, first at {bad[:3].tolist()}"
+
+
+CASES = [
+    # T, H, F, E, k, kind
+    (300, 256, 256, 8, 2, "balanced"),  # T not a tile multiple
+    (333, 256, 128, 8, 3, "dropped"),  # -1 ids
+    (700, 128, 128, 8, 2, "one_expert"),  # one expert, zero-token experts
+    (1, 128, 128, 4, 2, "balanced"),  # T = 1
+    (2048, 1024, 512, 16, 4, "skewed"),
+]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("T,H,F,E,k,kind", CASES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matches_fp8_reference(T, H, F, E, k, kind, dtype, recipe):
+    """Same semantics as jax_mok.fp8; only float32 summation order differs (and, through it, the
+    rare value of a that rounds to the neighbouring E4M3 value), so float32 agrees to 2e-3; in
+    bfloat16 the per-assignment rounding of the kernels' outputs adds ~3e-3."""
+    if dtype == "float32" and T * H > 300_000:
+        pytest.skip("float32 on the small shapes only")  # bf16 covers the large one
+    args = _problem(T + E, T, H, F, E, k, jnp.dtype(dtype), kind)
+    ref = _reference(recipe, args)
+    _poison(*ref)
+    got = _cuda(recipe, True)(*args)
+    tol = 2e-3 if dtype == "float32" else 1.5e-2
+    for name, g, r in zip(NAMES, got, ref, strict=True):
+        assert g.shape == r.shape and g.dtype == r.dtype, f"{name}: {g.shape} {g.dtype}"
+        err = _rel(g, r)
+        assert err <= tol, f"{name}: rel error {err:.3e} > {tol} ({recipe} {T=} {H=} {F=} {kind})"
+    dw = np.asarray(got[2])
+    ids = np.asarray(args[1])
+    assert np.all(dw[ids < 0] == 0.0), "skipped assignments must get zero d_topk_weights"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_saved_equals_recomputed_and_deterministic(recipe):
+    args = _problem(17, 700, 256, 256, 8, 3, jnp.bfloat16, "skewed")
+    saved = [np.asarray(a) for a in _cuda(recipe, True)(*args)]
+    _poison(*saved)
+    again = [np.asarray(a) for a in _cuda(recipe, True)(*args)]
+    recomputed = [np.asarray(a) for a in _cuda(recipe, False)(*args)]
+    for name, a, b, c in zip(NAMES, saved, again, recomputed, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name}: not deterministic"
+        assert np.array_equal(a.view(np.uint8), c.view(np.uint8)), f"{name}: saved != recompute"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_close_to_unquantized_layer(recipe):
+    """Distance to the float32 layer: E4M3 rounds each operand by ~2.7 % RMS, a GEMM of two
+    quantized operands is off by ~3.75 % and the layer's y and gradients by 6-7.5 % (measured
+    with jax_mok.fp8 on the CPU, tests/test_fp8.py), so the bound is 0.1, not issue 13's 5e-2."""
+    from jax_mok.kernels import autodiff
+
+    args = _problem(5, 1024, 512, 256, 16, 4, jnp.float32, "balanced")
+    got = _cuda(recipe, True)(*args)
+    with jax.default_matmul_precision("highest"):
+        ref = _vjp_fn(lambda x, ids, w, wgu, wd: autodiff.routed_experts(
+            x, ids, w, wgu, wd, implementation="reference"))(*args)
+    for name, g, r in zip(NAMES, got, ref, strict=True):
+        err = _rel(g, r)
+        assert err <= 0.1, f"{name}: {recipe} vs float32 layer rel error {err:.3e}"
+
+
+def test_rejects_dims_not_multiple_of_128():
+    from jax_mok.kernels import targets
+
+    x = jnp.ones((8, 192), jnp.bfloat16)
+    with pytest.raises(Exception, match="multiple of 128"):
+        jax.block_until_ready(targets.quantize_rows(x, "mxfp8"))
