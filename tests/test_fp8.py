@@ -28,8 +28,8 @@ from test_quantization import (
 
 import jax_mok
 from jax_mok import fp8, testing
-from jax_mok.kernels import fp8 as kernels_fp8
 from jax_mok import quantization as qz
+from jax_mok.kernels import fp8 as kernels_fp8
 
 CPU_DEVICES = 8
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):

@@ -198,8 +198,10 @@ def test_tuning_reaches_the_lowered_program(monkeypatch):
     step = jax.grad(lambda x: (jax_mok.moe(x, params, mesh=mesh, transport="peer",
                                            tuning=tuned) ** 2).sum())
     calls = _custom_calls(jax.jit(step).lower(x).as_text())
-    assert sorted(calls) == ["mok_ep_moe_bwd", "mok_ep_moe_fwd_train"], sorted(calls)
-    for attrs in calls["mok_ep_moe_bwd"] + calls["mok_ep_moe_fwd_train"]:
+    # On the CPU the residual policy recomputes h: the h-less variants of the two fused calls.
+    assert sorted(calls) == ["mok_ep_moe_bwd_recompute", "mok_ep_moe_fwd_train_recompute"], sorted(
+        calls)
+    for attrs in calls["mok_ep_moe_bwd_recompute"] + calls["mok_ep_moe_fwd_train_recompute"]:
         for want in ("copy_engine = 0 : i32", "sync_check = 1 : i32", "timeout_ms = 2000 : i64",
                      "ctas_per_sm = 2 : i32", "gemm = 1 : i32", "pregather_x = 1 : i32",
                      "workspace_id = 7 : i64"):

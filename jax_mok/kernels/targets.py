@@ -36,7 +36,8 @@ _ATTRIBUTES_BOUND = True
 
 KERNEL_TARGETS = ("mok_moe_fwd", "mok_moe_fwd_train", "mok_moe_bwd", "mok_moe_bwd_saved")
 STAGED_PEER_TARGETS = ("mok_ep_dispatch", "mok_ep_combine")
-FUSED_PEER_TARGETS = ("mok_ep_moe_fwd", "mok_ep_moe_fwd_train", "mok_ep_moe_bwd")
+FUSED_PEER_TARGETS = ("mok_ep_moe_fwd", "mok_ep_moe_fwd_train", "mok_ep_moe_bwd",
+                      "mok_ep_moe_fwd_train_recompute", "mok_ep_moe_bwd_recompute")
 
 
 def attributes(target: str, *, kernel: KernelTuning | None = None,
@@ -228,35 +229,39 @@ def ep_moe_forward_train(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
                          workspace_id: int, save: bool, kernel: KernelTuning, peer: PeerTuning):
     """``mok_ep_moe_fwd_train``: :func:`ep_moe_forward` that also hands back the received rows
     ``x [EP*R, H]``, ``ids``, ``weights [EP*R, k]`` and, when ``save``, ``h [EP*R*k, 2F]``
-    (else an empty array): the operands of :func:`ep_moe_backward`."""
+    (else None: ``mok_ep_moe_fwd_train_recompute``, no call takes or returns an empty buffer):
+    the operands of :func:`ep_moe_backward`."""
     ep, rows, H = send_x.shape
     k = send_ids.shape[-1]
     n = ep * rows
     outs = (jax.ShapeDtypeStruct((home_row.shape[0], H), jnp.float32),
             jax.ShapeDtypeStruct((n, H), send_x.dtype),
             jax.ShapeDtypeStruct((n, k), jnp.int32),
-            jax.ShapeDtypeStruct((n, k), jnp.float32),
-            jax.ShapeDtypeStruct((n * k, w_gate_up.shape[-1]) if save else (0,), send_x.dtype))
-    call = jax.ffi.ffi_call("mok_ep_moe_fwd_train", outs, has_side_effect=True)
-    attrs = _fused_attributes("mok_ep_moe_fwd_train", send_ids, w_gate_up, w_down, n, kernel,
-                              peer)
-    return call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
-                workspace_id=np.int64(workspace_id), **attrs)
+            jax.ShapeDtypeStruct((n, k), jnp.float32))
+    target = "mok_ep_moe_fwd_train" if save else "mok_ep_moe_fwd_train_recompute"
+    if save:
+        outs += (jax.ShapeDtypeStruct((n * k, w_gate_up.shape[-1]), send_x.dtype),)
+    call = jax.ffi.ffi_call(target, outs, has_side_effect=True)
+    attrs = _fused_attributes(target, send_ids, w_gate_up, w_down, n, kernel, peer)
+    results = call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                   workspace_id=np.int64(workspace_id), **attrs)
+    return tuple(results) if save else (*results, None)
 
 
 def ep_moe_backward(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h, workspace_id: int,
                     kernel: KernelTuning, peer: PeerTuning):
     """``mok_ep_moe_bwd``: the reverse combine of ``dy_rows [EP, R, H]``, the local backward,
     the reverse dispatch of dx and d_topk_weights -> ``(dx [EP, R, H], d_w [EP, R, k] f32,
-    d_w_gate_up, d_w_down)``. ``h`` empty: the gate/up GEMM is recomputed."""
+    d_w_gate_up, d_w_down)``. ``h`` None: ``mok_ep_moe_bwd_recompute``, which recomputes the
+    gate/up GEMM."""
     outs = (_like(dy_rows),
             jax.ShapeDtypeStruct((*dy_rows.shape[:2], ids2d.shape[1]), jnp.float32),
             _like(w_gate_up), _like(w_down))
-    call = jax.ffi.ffi_call("mok_ep_moe_bwd", outs, has_side_effect=True)
-    attrs = _fused_attributes("mok_ep_moe_bwd", ids2d, w_gate_up, w_down, x2d.shape[0], kernel,
-                              peer)
-    return call(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h,
-                workspace_id=np.int64(workspace_id), **attrs)
+    target = "mok_ep_moe_bwd" if h is not None else "mok_ep_moe_bwd_recompute"
+    call = jax.ffi.ffi_call(target, outs, has_side_effect=True)
+    attrs = _fused_attributes(target, ids2d, w_gate_up, w_down, x2d.shape[0], kernel, peer)
+    operands = (dy_rows, x2d, ids2d, w2d, w_gate_up, w_down) + ((h,) if h is not None else ())
+    return call(*operands, workspace_id=np.int64(workspace_id), **attrs)
 
 
 # ------------------------------------------------------------------ FP8 (CUDA)

@@ -44,7 +44,7 @@ struct Residuals {
   ffi::AnyBuffer* x;    // [EP*R, H] in x's dtype
   ffi::AnyBuffer* ids;  // [EP*R, k] i32
   ffi::AnyBuffer* w;    // [EP*R, k] f32
-  ffi::AnyBuffer* h;    // [EP*R*k, 2F] in x's dtype, or 0 elements: recomputed by the backward
+  ffi::AnyBuffer* h;    // [EP*R*k, 2F] in x's dtype, or nullptr: recomputed by the backward
 };
 
 ffi::Error CheckResiduals(const Problem& pr, const Residuals& r) {
@@ -54,9 +54,9 @@ ffi::Error CheckResiduals(const Problem& pr, const Residuals& r) {
       r.ids->element_count() == pr.assignments() && r.ids->element_type() == ffi::DataType::S32 &&
           r.w->element_count() == pr.assignments() && r.w->element_type() == ffi::DataType::F32,
       "the saved ids / weights must be int32 / float32 [EP*R=", pr.tokens, ", k=", pr.top_k, "]");
-  MOK_CHECK(r.h->element_count() == 0 || (r.h->element_count() == pr.assignments() * 2 * pr.ffn &&
-                                          r.h->element_type() == pr.dtype),
-            "h must be [EP*R*k, 2F] in x's dtype (or empty: recompute)");
+  MOK_CHECK(r.h == nullptr || (r.h->element_count() == pr.assignments() * 2 * pr.ffn &&
+                               r.h->element_type() == pr.dtype),
+            "h must be [EP*R*k, 2F] in x's dtype");
   return ffi::Error::Success();
 }
 
@@ -101,7 +101,7 @@ ffi::Error FusedForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch,
   MOK_RETURN_IF_ERROR(CheckCommon(pr));
   if (keep) MOK_RETURN_IF_ERROR(CheckResiduals(pr, *keep));
   const Plan plan = ChoosePlan(pr, kernel, call.device());
-  void* const h = keep && keep->h->element_count() > 0 ? keep->h->untyped_data() : nullptr;
+  void* const h = keep && keep->h ? keep->h->untyped_data() : nullptr;
 
   // Area 2: [x | ids | weights], each [EP, chunk] without padding between sources.
   const int64_t x_chunk = x.size_bytes() / ep, meta_chunk = R * k * 4;
@@ -170,7 +170,9 @@ ffi::Error FusedForward(cudaStream_t stream, ffi::ScratchAllocator scratch, int3
 }
 
 // mok_ep_moe_fwd_train: the fused forward of a training step, which also hands back the received
-// rows and, when saved, h (the fused backward's operands).
+// rows and h (the fused backward's operands). mok_ep_moe_fwd_train_recompute: the same without h
+// (the backward recomputes it). Two targets rather than an empty h: no call takes or returns a
+// zero-element buffer (XLA's GPU compiler crashed on the empty h of this call).
 ffi::Error FusedForwardTrain(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
                              ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w,
                              ffi::AnyBuffer home_row, ffi::AnyBuffer wgu, ffi::AnyBuffer wd,
@@ -186,23 +188,40 @@ ffi::Error FusedForwardTrain(cudaStream_t stream, ffi::ScratchAllocator scratch,
                           attrs, &keep);
 }
 
+ffi::Error FusedForwardTrainRecompute(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                                      int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer ids,
+                                      ffi::AnyBuffer w, ffi::AnyBuffer home_row, ffi::AnyBuffer wgu,
+                                      ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> y,
+                                      ffi::Result<ffi::AnyBuffer> x_rows,
+                                      ffi::Result<ffi::AnyBuffer> ids_rows,
+                                      ffi::Result<ffi::AnyBuffer> w_rows, int64_t workspace_id,
+                                      int32_t copy_engine, int32_t sync_check, int64_t timeout_ms,
+                                      int32_t ctas_per_sm, int32_t pregather_x, int32_t gemm) {
+  const FusedAttrs attrs{copy_engine, sync_check, timeout_ms, ctas_per_sm, pregather_x, gemm};
+  const Residuals keep{&*x_rows, &*ids_rows, &*w_rows, nullptr};
+  return FusedForwardCall(stream, scratch, device, x, ids, w, home_row, wgu, wd, *y, workspace_id,
+                          attrs, &keep);
+}
+
 // The fused backward: the reverse combine of dy rows into area 2 (read in place), the single-GPU
 // backward phases on them, the reverse dispatch of dx rows and d_topk_weights through area 3 into
 // XLA's results. Bitwise what the staged reverse combine -> mok_moe_bwd(_saved) -> reverse dispatch
 // computes.
 //   dy_rows [EP,R,H] (row i of chunk d: the cotangent of the token this rank sent to d as row i),
 //   x [EP*R,H], topk_ids [EP*R,k], topk_weights [EP*R,k] (the forward's received rows),
-//   w_gate_up, w_down, h [EP*R*k, 2F] (the saved pre-activations; 0 elements: recompute)
+//   w_gate_up, w_down, h [EP*R*k, 2F] (the saved pre-activations; mok_ep_moe_bwd_recompute has
+//   no h and recomputes it)
 //   -> dx [EP,R,H] (chunk s: for the rows rank s sent), d_topk_weights [EP,R,k] f32 (likewise),
 //      d_w_gate_up, d_w_down.
-ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
-                         ffi::AnyBuffer dy_rows, ffi::AnyBuffer x, ffi::AnyBuffer ids,
-                         ffi::AnyBuffer w, ffi::AnyBuffer wgu, ffi::AnyBuffer wd, ffi::AnyBuffer h,
-                         ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> d_w,
-                         ffi::Result<ffi::AnyBuffer> d_wgu, ffi::Result<ffi::AnyBuffer> d_wd,
-                         int64_t workspace_id, int32_t copy_engine, int32_t sync_check,
-                         int64_t timeout_ms, int32_t ctas_per_sm, int32_t pregather_x,
-                         int32_t gemm) {
+ffi::Error FusedBackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int32_t device,
+                             const ffi::AnyBuffer& dy_rows, const ffi::AnyBuffer& x,
+                             const ffi::AnyBuffer& ids, const ffi::AnyBuffer& w,
+                             const ffi::AnyBuffer& wgu, const ffi::AnyBuffer& wd,
+                             const ffi::AnyBuffer* h, ffi::Result<ffi::AnyBuffer>& dx,
+                             ffi::Result<ffi::AnyBuffer>& d_w, ffi::Result<ffi::AnyBuffer>& d_wgu,
+                             ffi::Result<ffi::AnyBuffer>& d_wd, int64_t workspace_id,
+                             int32_t copy_engine, int32_t sync_check, int64_t timeout_ms,
+                             int32_t ctas_per_sm, int32_t pregather_x, int32_t gemm) {
   PeerCall call(stream, device, workspace_id);
   KernelOptions kernel;
   const FusedAttrs attrs{copy_engine, sync_check, timeout_ms, ctas_per_sm, pregather_x, gemm};
@@ -226,10 +245,9 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
   MOK_CHECK(
       d_wgu->element_count() == wgu.element_count() && d_wd->element_count() == wd.element_count(),
       "d_w_gate_up / d_w_down must match the weights");
-  const bool saved = h.element_count() > 0;
-  if (saved)
-    MOK_CHECK(h.element_count() == pr.assignments() * 2 * pr.ffn && h.element_type() == pr.dtype,
-              "h must be [EP*R*k, 2F] in x's dtype (or empty)");
+  if (h)
+    MOK_CHECK(h->element_count() == pr.assignments() * 2 * pr.ffn && h->element_type() == pr.dtype,
+              "h must be [EP*R*k, 2F] in x's dtype");
   const int64_t area_bytes = ep * RegionBytes(v);
   const int64_t row_chunk = dy_rows.size_bytes() / ep, dw_chunk = R * pr.top_k * 4;
 
@@ -259,7 +277,7 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
         static_cast<const T*>(wd.untyped_data()), reinterpret_cast<T*>(dx_rows),
         reinterpret_cast<float*>(dw_rows), static_cast<T*>(d_wgu->untyped_data()),
         static_cast<T*>(d_wd->untyped_data()),
-        saved ? static_cast<const T*>(h.untyped_data()) : nullptr);
+        h ? static_cast<const T*>(h->untyped_data()) : nullptr);
   }));
 
   // Reverse dispatch: dx rows and d_w of chunk s -> rank s's area 3 -> XLA's results.
@@ -275,6 +293,33 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
   b.phase = kReverseDispatch;
   MOK_RETURN_IF_ERROR(call.RunExchange(b, kCopyOut, pr.dtype));
   return call.Finish();
+}
+
+ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                         ffi::AnyBuffer dy_rows, ffi::AnyBuffer x, ffi::AnyBuffer ids,
+                         ffi::AnyBuffer w, ffi::AnyBuffer wgu, ffi::AnyBuffer wd, ffi::AnyBuffer h,
+                         ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> d_w,
+                         ffi::Result<ffi::AnyBuffer> d_wgu, ffi::Result<ffi::AnyBuffer> d_wd,
+                         int64_t workspace_id, int32_t copy_engine, int32_t sync_check,
+                         int64_t timeout_ms, int32_t ctas_per_sm, int32_t pregather_x,
+                         int32_t gemm) {
+  return FusedBackwardCall(stream, scratch, device, dy_rows, x, ids, w, wgu, wd, &h, dx, d_w, d_wgu,
+                           d_wd, workspace_id, copy_engine, sync_check, timeout_ms, ctas_per_sm,
+                           pregather_x, gemm);
+}
+
+ffi::Error FusedBackwardRecompute(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                                  int32_t device, ffi::AnyBuffer dy_rows, ffi::AnyBuffer x,
+                                  ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
+                                  ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> dx,
+                                  ffi::Result<ffi::AnyBuffer> d_w,
+                                  ffi::Result<ffi::AnyBuffer> d_wgu,
+                                  ffi::Result<ffi::AnyBuffer> d_wd, int64_t workspace_id,
+                                  int32_t copy_engine, int32_t sync_check, int64_t timeout_ms,
+                                  int32_t ctas_per_sm, int32_t pregather_x, int32_t gemm) {
+  return FusedBackwardCall(stream, scratch, device, dy_rows, x, ids, w, wgu, wd, nullptr, dx, d_w,
+                           d_wgu, d_wd, workspace_id, copy_engine, sync_check, timeout_ms,
+                           ctas_per_sm, pregather_x, gemm);
 }
 
 }  // namespace
@@ -318,19 +363,39 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                        .Ret<xla::ffi::AnyBuffer>()     // received x [EP*R, H]
                        .Ret<xla::ffi::AnyBuffer>()     // received ids [EP*R, k]
                        .Ret<xla::ffi::AnyBuffer>()     // received w [EP*R, k]
-                       .Ret<xla::ffi::AnyBuffer>()));  // h or empty
+                       .Ret<xla::ffi::AnyBuffer>()));  // h [EP*R*k, 2F]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
-    BindFusedAttrs(FusedContext()
-                       .Arg<xla::ffi::AnyBuffer>()     // dy_rows [EP, R, H]
-                       .Arg<xla::ffi::AnyBuffer>()     // x [EP*R, H]
-                       .Arg<xla::ffi::AnyBuffer>()     // topk_ids [EP*R, k]
-                       .Arg<xla::ffi::AnyBuffer>()     // topk_weights
-                       .Arg<xla::ffi::AnyBuffer>()     // w_gate_up
-                       .Arg<xla::ffi::AnyBuffer>()     // w_down
-                       .Arg<xla::ffi::AnyBuffer>()     // h (empty: recompute)
-                       .Ret<xla::ffi::AnyBuffer>()     // dx [EP, R, H]
-                       .Ret<xla::ffi::AnyBuffer>()     // d_topk_weights
-                       .Ret<xla::ffi::AnyBuffer>()     // d_w_gate_up
-                       .Ret<xla::ffi::AnyBuffer>()));  // d_w_down
+    MokEpMoeFwdTrainRecomputeCuda, mok::cuda::ep::FusedForwardTrainRecompute,
+    BindFusedAttrs(FusedForwardOperands()
+                       .Ret<xla::ffi::AnyBuffer>()     // y [T, H] f32
+                       .Ret<xla::ffi::AnyBuffer>()     // received x [EP*R, H]
+                       .Ret<xla::ffi::AnyBuffer>()     // received ids [EP*R, k]
+                       .Ret<xla::ffi::AnyBuffer>()));  // received w [EP*R, k]
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
+                              BindFusedAttrs(FusedContext()
+                                                 .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
+                                                 .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
+                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]
+                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_weights
+                                                 .Arg<xla::ffi::AnyBuffer>()  // w_gate_up
+                                                 .Arg<xla::ffi::AnyBuffer>()  // w_down
+                                                 .Arg<xla::ffi::AnyBuffer>()  // h [EP*R*k, 2F]
+                                                 .Ret<xla::ffi::AnyBuffer>()  // dx [EP, R, H]
+                                                 .Ret<xla::ffi::AnyBuffer>()  // d_topk_weights
+                                                 .Ret<xla::ffi::AnyBuffer>()  // d_w_gate_up
+                                                 .Ret<xla::ffi::AnyBuffer>()));  // d_w_down
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdRecomputeCuda, mok::cuda::ep::FusedBackwardRecompute,
+                              BindFusedAttrs(FusedContext()
+                                                 .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
+                                                 .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
+                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]
+                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_weights
+                                                 .Arg<xla::ffi::AnyBuffer>()  // w_gate_up
+                                                 .Arg<xla::ffi::AnyBuffer>()  // w_down
+                                                 .Ret<xla::ffi::AnyBuffer>()  // dx [EP, R, H]
+                                                 .Ret<xla::ffi::AnyBuffer>()  // d_topk_weights
+                                                 .Ret<xla::ffi::AnyBuffer>()  // d_w_gate_up
+                                                 .Ret<xla::ffi::AnyBuffer>()));  // d_w_down

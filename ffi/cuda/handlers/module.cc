@@ -33,7 +33,9 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_ep_moe_fwd"] = Capsule(MokEpMoeFwdCuda);             // the fused forward
     d["mok_ep_moe_fwd_train"] = Capsule(MokEpMoeFwdTrainCuda);  // + the received rows, h
     d["mok_ep_moe_bwd"] = Capsule(MokEpMoeBwdCuda);             // the fused backward
-    d["mok_home_sum"] = Capsule(MokHomeSumCuda);                // the XLA transport's combine
+    d["mok_ep_moe_fwd_train_recompute"] = Capsule(MokEpMoeFwdTrainRecomputeCuda);  // no h
+    d["mok_ep_moe_bwd_recompute"] = Capsule(MokEpMoeBwdRecomputeCuda);             // no h
+    d["mok_home_sum"] = Capsule(MokHomeSumCuda);  // the XLA transport's combine
     // The FP8 layer (MoEConfig.quantization; handlers/fp8.cu).
     d["mok_moe_fwd_fp8"] = Capsule(MokMoeFwdFp8Cuda);
     d["mok_moe_fwd_train_fp8"] = Capsule(MokMoeFwdTrainFp8Cuda);
