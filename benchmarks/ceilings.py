@@ -115,6 +115,30 @@ def _attempt(details: dict, name: str, fn, *args) -> None:
         details[name] = result
 
 
+def matmul_ceiling(precision: str, n: int = 8192, warmup: int = 3, iters: int = 20) -> dict:
+    """``{"tflops", "source", "n"}``: the best dense ``n^3`` matmul of ``precision`` ("bf16" or
+    "fp8") on the default device, XLA and (on a GPU, where present) torch, as in
+    :func:`measure`; tools/kernel_timings.py prints its rows against it."""
+    if precision not in ("bf16", "fp8"):
+        raise ValueError(f"precision must be 'bf16' or 'fp8', got {precision!r}")
+    gpu = jax.default_backend() == "gpu"
+    details: dict = {}
+    if precision == "bf16":
+        _attempt(details, "jax_matmul", _jax_matmul, n, jnp.bfloat16, warmup, iters)
+        if gpu:
+            _attempt(details, "torch_matmul", _torch_matmul, n, warmup, iters)
+    else:
+        _attempt(details, "jax_fp8_matmul", _jax_matmul, n, jnp.float8_e4m3fn, warmup, iters,
+                 jnp.bfloat16)
+        if gpu and _torch_available():
+            _attempt(details, "torch_fp8_matmul", _torch_fp8_matmul, n, warmup, iters)
+    timed = {k: v["tflops"] for k, v in details.items() if not k.endswith("_error")}
+    if not timed:
+        raise RuntimeError(f"no {precision} matmul ran: {details}")
+    source = max(timed, key=timed.get)
+    return {"tflops": timed[source], "source": source, "n": n}
+
+
 def measure(*, platform: str, quick: bool, warmup: int, iters: int) -> dict:
     """``{"matmul_tflops", "fp8_matmul_tflops", "hbm_gbps", "details"}`` for this device.
 
