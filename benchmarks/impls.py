@@ -17,8 +17,11 @@ import dataclasses
 # 6.2 % fp8_block, 7.0 % mxfp8; gradients 5.8-8.2 %), as the FP8 layer's own tests found. Issue
 # 13's 5e-2 is therefore a target reported beside each FP8 row (FP8_ACCURACY_TARGET), while the
 # check that decides whether a row is timed uses 0.1 (--fp8-tolerance): a wrong kernel is off
-# by O(1), so this still separates right from wrong.
+# by O(1), so this still separates right from wrong. The routing-weight gradient, a sum over F
+# of products of two quantized factors whose terms cancel, gets half as much again (measured
+# 8.2 % for mxfp8 on the CPU smoke shape, 0.1 would leave too thin a margin).
 FP8_TOLERANCE = 0.1
+FP8_ROUTER_GRAD_FACTOR = 1.5
 FP8_ACCURACY_TARGET = 5e-2
 _OUTPUTS = ("y", "dx", "d_topk_weights", "d_w_gate_up", "d_w_down")
 # Liger-Kernel adds the routing-weight gradient dS across the F tiles with bfloat16 atomics
@@ -99,10 +102,13 @@ def expand(names: list[str]) -> list[str]:
 
 def tolerances(name: str, fp8_tolerance: float = FP8_TOLERANCE) -> dict | None:
     """The check bounds of ``name`` per probed output (None: ``testing.tolerance(dtype)`` for
-    every output); FP8 rows get ``fp8_tolerance`` on every output."""
+    every output); FP8 rows get ``fp8_tolerance`` on every output, ``d_topk_weights``
+    ``FP8_ROUTER_GRAD_FACTOR`` times that."""
     impl = IMPLS[name]
     if impl.precision == "fp8":
-        return dict.fromkeys(_OUTPUTS, fp8_tolerance)
+        bounds = dict.fromkeys(_OUTPUTS, fp8_tolerance)
+        bounds["d_topk_weights"] = FP8_ROUTER_GRAD_FACTOR * fp8_tolerance
+        return bounds
     return impl.tolerance
 
 
