@@ -26,8 +26,9 @@ import functools
 E4M3_MAX = 448.0
 ROW_ALIGN = 1  # rows per group need no padding (module docstring)
 # The weights are quantized a group of experts at a time so that the float32 temporaries stay
-# near this size (S4's w_gate_up is 34 GB in bf16).
-CHUNK_BYTES = 1 << 30
+# near this size (S4's w_gate_up is 34 GB in bf16): at most 16 groups on the protocol shapes,
+# so the Python loop adds a few dozen launches, not hundreds.
+CHUNK_BYTES = 4 << 30
 
 
 def shape_reason(hidden: int, ffn: int) -> str | None:
@@ -61,8 +62,10 @@ def quantize_columns(w):
         chunk = w[e0:e0 + step]
         amax = chunk.abs().amax(dim=1).float()  # [c, N]
         scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-        q = (chunk.float() / scale[:, None, :]).clamp(-E4M3_MAX, E4M3_MAX)
-        values[e0:e0 + step].copy_(q.transpose(1, 2))
+        # a fresh float32 copy (``.float()`` of float32 weights would be the weights themselves)
+        q = chunk.to(torch.float32, copy=True).div_(scale[:, None, :]).clamp_(-E4M3_MAX,
+                                                                               E4M3_MAX)
+        values[e0:e0 + step].copy_(q.transpose(1, 2))  # the cast to E4M3 rounds to nearest
         scales[e0:e0 + step] = scale
     return values.transpose(1, 2), scales
 

@@ -166,7 +166,7 @@ class Orchestrator:
             "dtype": a.dtype, "scale_tokens": a.scale_tokens, "scale_model": a.scale_model,
             "quick": a.quick, "deadline": deadline, "skip": skip, "events": events,
             "probe_tokens": 16 if a.quick else 48, "b6_autotune": a.b6_autotune,
-            "fp8_tolerance": a.fp8_tolerance,
+            "fp8_tolerance": a.fp8_tolerance, "run_start": self.start,
             # the first worker measures the ceilings before its items (one process less)
             "ceilings": not a.no_ceilings and self.ceilings is None,
         }

@@ -190,6 +190,10 @@ def test_b3_fp8_quantizers_and_math():
     assert wv.shape == (3, 64, 48) and ws.shape == (3, 48)
     assert wv.stride() == (48 * 64, 1, 64)  # column-major [E, K, N], as the FP8 GEMM reads B
     assert ((wv.float() * ws[:, None, :] - w.float()).norm() / w.float().norm()) < 0.04
+    w32 = w.float()
+    before = w32.clone()
+    b3.quantize_columns(w32)  # works on a copy: float32 weights are left as they were
+    assert torch.equal(w32, before)
 
     # the layer against the same math on the dequantized operands, in float64
     T, k, E, H, F = 40, 2, 3, 64, 32
