@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import re
 from collections.abc import Callable
 
 
@@ -54,9 +55,13 @@ def routed_experts_fp8(recipe: str, implementation: str = "ffi") -> Callable:
     return call
 
 
-def fp8_kernel_targets(lowered_text: str) -> list[str]:
-    """The FP8 custom-call targets (``mok_*fp8*``) named in a lowered program's text: empty when
-    the FP8 layer lowered to plain XLA operations (its pure-JAX definition)."""
-    import re
+# A custom call's target as StableHLO (``stablehlo.custom_call @name(``, or the generic
+# ``call_target_name = "name"``) or HLO (``custom_call_target="name"``) text prints it.
+_FP8_TARGET = re.compile(r'(?:custom_call @|call_target_name\s*=\s*"|custom_call_target=")'
+                         r"(mok_\w*fp8\w*)")
 
-    return sorted(set(re.findall(r"mok_[A-Za-z0-9_]*fp8[A-Za-z0-9_]*", lowered_text)))
+
+def fp8_kernel_targets(lowered_text: str) -> list[str]:
+    """The FP8 custom-call targets (``mok_*fp8*``) a lowered program calls: empty when the FP8
+    layer lowered to plain XLA operations (its pure-JAX definition)."""
+    return sorted(set(_FP8_TARGET.findall(lowered_text)))

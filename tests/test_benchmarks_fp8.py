@@ -127,6 +127,19 @@ def test_implementation_table_and_items():
     assert impls.tolerances("B6") == {"d_topk_weights": impls.LIGER_DS_TOLERANCE}
 
 
+def test_fp8_kernel_targets_are_read_from_custom_calls_only():
+    from benchmarks.mok_internals import fp8_kernel_targets
+
+    text = ('%0 = stablehlo.custom_call @mok_moe_fwd_fp8(%a) : ...\n'
+            '"stablehlo.custom_call"(%b) {call_target_name = "mok_moe_bwd_saved_fp8"}\n'
+            'custom_call_target="mok_moe_fwd_train_fp8"\n'
+            'func.func private @jax_mok_fp8_helper()  // a name, not a call\n'
+            'custom_call @mok_moe_fwd(%c)')
+    assert fp8_kernel_targets(text) == ["mok_moe_bwd_saved_fp8", "mok_moe_fwd_fp8",
+                                        "mok_moe_fwd_train_fp8"]
+    assert fp8_kernel_targets("stablehlo.dot_general ... float8_e4m3fn") == []
+
+
 def test_report_speedups_and_accuracy():
     from benchmarks import report
 
