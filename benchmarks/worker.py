@@ -203,12 +203,17 @@ class ShapeRunner:
     def run_item(self, item: dict) -> dict:
         record = self.base_record(item)
         try:
+            fresh = item["routing"] not in self.references
+            start = time.time()
             problem = self.problem(item["routing"])
             record["routing_stats"] = problem.routing_stats()
             record["weights_rotated"] = problem.weights_rotated
             record["touched_weight_bytes"] = problem.touched_weight_bytes()
             record["experts_touched"] = record["routing_stats"]["experts_touched"]
             want = self.reference(item["routing"])
+            if fresh:  # where a shape's fixed cost goes: inputs, probe and float32 reference
+                _progress(self.t0, f"{item['shape']} {item['routing']}: inputs and reference "
+                                   f"ready in {time.time() - start:.1f} s")
             runners.RUNNERS[IMPLS[item["impl"]].family](self, item, problem, want, record)
         except Exception as error:  # noqa: BLE001 - every failure becomes a record
             if _is_oom(error):
