@@ -8,6 +8,7 @@ reference outputs, the check and the timing). A reason an item cannot run here b
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -39,6 +40,19 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
     fn = peers_jax.routed_fn(impl.name, capacity=capacity)
     make = peers_jax.forward_fn if item["pass"] == "fwd" else peers_jax.forward_backward_fn
     jitted = make(fn)
+    probe = sr.probes[item["routing"]]
+    s0 = problem.sets[0]
+    if impl.precision == "fp8":
+        # decided on the lowered program before anything is quantized or compiled
+        weights0 = (s0.w_gate_up, s0.w_down)
+        if impl.prequantized:
+            weights0 = jax.eval_shape(
+                functools.partial(peers_jax.prequantize, recipe=impl.recipe), *weights0)
+        path, reason = peers_jax.fp8_path(
+            jitted, (s0.x, s0.ids, s0.weights, *weights0, probe.dy_check), sr.platform)
+        record["fp8_path"] = path
+        if reason is not None and os.environ.get("JAX_MOK_BENCH_FP8_PURE_JAX") != "1":
+            return _unavailable(record, reason)
     weights = [(s.w_gate_up, s.w_down) for s in problem.sets]
     if impl.prequantized:
         start = time.perf_counter()
@@ -51,17 +65,11 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
         jax.block_until_ready(weights)
         record["prequantize_s"] = time.perf_counter() - start
         record["weight_bytes_per_expert"] = peers_jax.quantized_bytes_per_expert(weights[0])
-    probe = sr.probes[item["routing"]]
 
     def args(i: int, dy) -> tuple:
         s = problem.sets[i % len(problem.sets)]
         return (s.x, s.ids, s.weights, *weights[i % len(problem.sets)], dy)
 
-    if impl.precision == "fp8":
-        path, reason = peers_jax.fp8_path(jitted, args(0, probe.dy_check), sr.platform)
-        record["fp8_path"] = path
-        if reason is not None and os.environ.get("JAX_MOK_BENCH_FP8_PURE_JAX") != "1":
-            return _unavailable(record, reason)
     start = time.perf_counter()
     out = jitted(*args(0, probe.dy_check))
     got = (problems.probe_outputs(probe, out) if item["pass"] == "fwd"
