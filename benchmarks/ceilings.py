@@ -1,8 +1,11 @@
-"""Ceilings measured in the same run: a large dense bf16 matmul and an HBM copy.
+"""Ceilings measured in the same run: large dense matmuls (bf16 and FP8) and an HBM copy.
 
-The matmul ceiling is the best of JAX (XLA/cuBLAS) and, where present, torch on the same device;
-the copy bandwidth counts read + write bytes of an elementwise pass over a buffer far larger than
-the L2.
+Each matmul ceiling is the best of JAX (XLA) and, where present, torch on the same device: bf16
+``jnp.dot`` / ``torch.mm``; FP8 ``jnp.dot`` of E4M3 operands and ``torch._scaled_mm`` of E4M3
+operands with float32 row-wise scales (one per row of A, one per column of B; fast
+accumulation, bf16 output). The copy bandwidth counts read + write bytes of an elementwise pass
+over a buffer far larger than the L2. Inputs are random normal (never zeros) and alternate
+between two pairs so that no call reads what the previous one left in the L2.
 """
 
 from __future__ import annotations
@@ -14,22 +17,32 @@ from benchmarks import peers_torch
 from benchmarks.timing import summarize, time_steps
 
 
-def _jax_matmul(n: int, dtype, warmup: int, iters: int) -> dict:
-    keys = jax.random.split(jax.random.key(3), 4)
-    mats = [jax.random.normal(k, (n, n), jnp.float32).astype(dtype) for k in keys]
-    pairs = [(mats[0], mats[1]), (mats[2], mats[3])]
-    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=dtype))
-
-    def step(i: int) -> None:
-        jax.block_until_ready(mm(*pairs[i % 2]))
-
+def _stats_tflops(step, n: int, warmup: int, iters: int) -> dict:
     stats = summarize(time_steps(step, warmup=warmup, iters=iters))
     stats["tflops"] = 2 * n**3 / (stats["median_ms"] * 1e-3) / 1e12
     return stats
 
 
+def _jax_matmul(n: int, dtype, warmup: int, iters: int, out_dtype=None) -> dict:
+    """``n x n @ n x n`` in ``dtype`` (bf16, or float8_e4m3fn with a bf16 result)."""
+    keys = jax.random.split(jax.random.key(3), 4)
+    mats = [jax.random.normal(k, (n, n), jnp.float32).astype(dtype) for k in keys]
+    pairs = [(mats[0], mats[1]), (mats[2], mats[3])]
+    out_dtype = out_dtype or dtype
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=out_dtype))
+
+    def step(i: int) -> None:
+        jax.block_until_ready(mm(*pairs[i % 2]))
+
+    return _stats_tflops(step, n, warmup, iters)
+
+
+def _torch_available() -> bool:
+    return peers_torch.unavailable_reason("gpu") is None
+
+
 def _torch_matmul(n: int, warmup: int, iters: int) -> dict | None:
-    if peers_torch.unavailable_reason("gpu") is not None:
+    if not _torch_available():
         return None
     import torch
 
@@ -41,9 +54,35 @@ def _torch_matmul(n: int, warmup: int, iters: int) -> dict | None:
         torch.cuda.synchronize()
         del out
 
-    stats = summarize(time_steps(step, warmup=warmup, iters=iters))
-    stats["tflops"] = 2 * n**3 / (stats["median_ms"] * 1e-3) / 1e12
+    stats = _stats_tflops(step, n, warmup, iters)
     mats.clear()
+    pairs.clear()
+    torch.cuda.empty_cache()
+    return stats
+
+
+def _torch_fp8_matmul(n: int, warmup: int, iters: int) -> dict:
+    """``torch._scaled_mm`` on E4M3 ``n x n`` operands: A row-major, B column-major (what the
+    FP8 tensor cores read), float32 scales per row of A and per column of B, bf16 out."""
+    import torch
+
+    f8 = torch.float8_e4m3fn
+    pairs = []
+    for _ in range(2):
+        a = torch.randn(n, n, device="cuda").to(f8)
+        b = torch.randn(n, n, device="cuda").to(f8).t()  # column-major view
+        scale_a = torch.rand(n, 1, device="cuda") + 0.5
+        scale_b = torch.rand(1, n, device="cuda") + 0.5
+        pairs.append((a, b, scale_a, scale_b))
+
+    def step(i: int) -> None:
+        a, b, sa, sb = pairs[i % 2]
+        out = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+        torch.cuda.synchronize()
+        del out
+
+    stats = _stats_tflops(step, n, warmup, iters)
+    stats["settings"] = "row-wise float32 scales, use_fast_accum=True, bf16 out"
     pairs.clear()
     torch.cuda.empty_cache()
     return stats
@@ -63,20 +102,70 @@ def _jax_copy(num_bytes: int, warmup: int, iters: int) -> dict:
     return stats
 
 
-def measure(*, platform: str, quick: bool, warmup: int, iters: int) -> dict:
-    """``{"matmul_tflops", "hbm_gbps", "details"}``: the ceilings for this device.
+def _attempt(details: dict, name: str, fn, *args) -> None:
+    """Runs one measurement into ``details[name]``; a failure is recorded under
+    ``details[name + "_error"]`` (an FP8 path a device or library lacks must not cost the run
+    its other ceilings)."""
+    try:
+        result = fn(*args)
+    except Exception as error:  # noqa: BLE001 - recorded, the other ceilings still count
+        details[name + "_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+        return
+    if result is not None:
+        details[name] = result
 
-    GPU: 8192^3 bf16 matmul and a 2 GiB copy. CPU: 1024^3 (512^3 quick) and 256 MiB (64 MiB),
-    enough to give the CPU numbers a scale, nothing more.
+
+def matmul_ceiling(precision: str, n: int = 8192, warmup: int = 3, iters: int = 20) -> dict:
+    """``{"tflops", "source", "n"}``: the best dense ``n^3`` matmul of ``precision`` ("bf16" or
+    "fp8") on the default device, XLA and (on a GPU, where present) torch, as in
+    :func:`measure`; tools/kernel_timings.py prints its rows against it."""
+    if precision not in ("bf16", "fp8"):
+        raise ValueError(f"precision must be 'bf16' or 'fp8', got {precision!r}")
+    gpu = jax.default_backend() == "gpu"
+    details: dict = {}
+    if precision == "bf16":
+        _attempt(details, "jax_matmul", _jax_matmul, n, jnp.bfloat16, warmup, iters)
+        if gpu:
+            _attempt(details, "torch_matmul", _torch_matmul, n, warmup, iters)
+    else:
+        _attempt(details, "jax_fp8_matmul", _jax_matmul, n, jnp.float8_e4m3fn, warmup, iters,
+                 jnp.bfloat16)
+        if gpu and _torch_available():
+            _attempt(details, "torch_fp8_matmul", _torch_fp8_matmul, n, warmup, iters)
+    timed = {k: v["tflops"] for k, v in details.items() if not k.endswith("_error")}
+    if not timed:
+        raise RuntimeError(f"no {precision} matmul ran: {details}")
+    source = max(timed, key=timed.get)
+    return {"tflops": timed[source], "source": source, "n": n}
+
+
+def measure(*, platform: str, quick: bool, warmup: int, iters: int) -> dict:
+    """``{"matmul_tflops", "fp8_matmul_tflops", "hbm_gbps", "details"}`` for this device.
+
+    GPU: 8192^3 matmuls and a 2 GiB copy. CPU: 1024^3 (512^3 quick) and 256 MiB (64 MiB),
+    enough to give the CPU numbers a scale, nothing more. ``fp8_matmul_tflops`` is None when no
+    FP8 matmul ran (its error is in ``details``).
     """
     if platform == "gpu":
         n, copy_bytes = 8192, 2 * 2**30
     else:
         n, copy_bytes = (512, 64 * 2**20) if quick else (1024, 256 * 2**20)
-    details = {"matmul_n": n, "jax_matmul": _jax_matmul(n, jnp.bfloat16, warmup, iters)}
-    torch_mm = _torch_matmul(n, warmup, iters) if platform == "gpu" else None
-    if torch_mm is not None:
-        details["torch_matmul"] = torch_mm
+    details: dict = {"matmul_n": n, "jax_matmul": _jax_matmul(n, jnp.bfloat16, warmup, iters)}
+    if platform == "gpu":
+        _attempt(details, "torch_matmul", _torch_matmul, n, warmup, iters)
+    _attempt(details, "jax_fp8_matmul", _jax_matmul, n, jnp.float8_e4m3fn, warmup, iters,
+             jnp.bfloat16)
+    if platform == "gpu" and _torch_available():
+        _attempt(details, "torch_fp8_matmul", _torch_fp8_matmul, n, warmup, iters)
     details["jax_copy"] = _jax_copy(copy_bytes, warmup, iters)
-    best = max(d["tflops"] for k, d in details.items() if k.endswith("_matmul"))
-    return {"matmul_tflops": best, "hbm_gbps": details["jax_copy"]["gbps"], "details": details}
+
+    def best(names):
+        found = [details[k]["tflops"] for k in names if k in details]
+        return max(found) if found else None
+
+    return {
+        "matmul_tflops": best(("jax_matmul", "torch_matmul")),
+        "fp8_matmul_tflops": best(("jax_fp8_matmul", "torch_fp8_matmul")),
+        "hbm_gbps": details["jax_copy"]["gbps"],
+        "details": details,
+    }

@@ -61,13 +61,17 @@ def routed_experts(x, ids, topk_weights, w_gate_up, w_down):
 
 
 class TorchRunner:
-    """B3 on one Problem: torch views (DLPack, no copy) of each input set, forward or fwd+bwd."""
+    """B3 on one Problem: torch views (DLPack, no copy) of each input set, forward or fwd+bwd.
 
-    def __init__(self, problem: Problem, passname: str):
+    ``fn``: the routed-experts function with :func:`routed_experts`' signature (B3-fp8 passes
+    its own)."""
+
+    def __init__(self, problem: Problem, passname: str, fn: Callable = routed_experts):
         import torch
 
         self.torch = torch
         self.passname = passname
+        self.fn = fn
         self.cuda = problem.sets[0].x.devices().pop().platform == "gpu"
         view = torch.from_dlpack
         self.sets = []
@@ -87,9 +91,9 @@ class TorchRunner:
         x, ids, tw, gu, dn, set_dy = self.sets[i % len(self.sets)]
         if self.passname == "fwd":
             with torch.no_grad():
-                return routed_experts(x, ids, tw, gu, dn)
+                return self.fn(x, ids, tw, gu, dn)
         leaves = [t.detach().requires_grad_(True) for t in (x, tw, gu, dn)]
-        y = routed_experts(leaves[0], ids, leaves[1], leaves[2], leaves[3])
+        y = self.fn(leaves[0], ids, leaves[1], leaves[2], leaves[3])
         grads = torch.autograd.grad(y, leaves, grad_outputs=set_dy if dy is None else dy)
         return y.detach(), grads
 

@@ -7,8 +7,13 @@ touches the accelerator, and writes results.json / results.md / results.png into
 
 Examples:
   python -m benchmarks.run                                   # the protocol, all shapes
+  python -m benchmarks.run --routing balanced --impls jax_mok,B3,B6,fp8   # issues 13 and 16
   python -m benchmarks.run --shapes S6 --impls jax_mok,B2 --passes fwd
   python -m benchmarks.run --quick --shapes S6 --scale-tokens 0.02 --scale-model 0.0625  # CPU
+
+Implementations (``--impls``, names or groups): jax_mok, jax_mok-fp8_block, jax_mok-mxfp8,
+jax_mok-fp8_block-pq, jax_mok-mxfp8-pq (forward only), B1, B2, B3, B3-fp8, B6; groups all, bf16,
+fp8, peers (benchmarks/impls.py).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(PACKAGE_DIR)
-ALL_IMPLS = ("jax_mok", "B1", "B2", "B3")
+LIGER_SITE = os.path.join(REPO_ROOT, "bench-out", "site")  # where a carried liger wheel goes
 
 
 def _list(text: str) -> list[str]:
@@ -37,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6", help="names from testing.SHAPES")
     p.add_argument("--routing", default="balanced,skewed", help="balanced and/or skewed")
     p.add_argument("--passes", default="fwd,fwdbwd", help="fwd and/or fwdbwd")
-    p.add_argument("--impls", default=",".join(ALL_IMPLS), help="jax_mok,B1,B2,B3")
+    p.add_argument("--impls", default="all",
+                   help="comma list of implementations and groups (all, bf16, fp8, peers)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations (default 20)")
     p.add_argument("--warmup", type=int, default=None, help="untimed warm-ups (default 3)")
     p.add_argument("--sets", type=int, default=None, help="rotated input sets (default 3)")
@@ -48,8 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="multiply H and F by this (rounded to multiples of 8): CPU smoke runs")
     p.add_argument("--quick", action="store_true",
                    help="5 iterations, 1 warm-up, 2 sets, small ceilings: not the protocol")
-    p.add_argument("--budget-s", type=float, default=330.0,
+    p.add_argument("--budget-s", type=float, default=450.0,
                    help="skip the items left once this many seconds have passed")
+    p.add_argument("--fp8-tolerance", type=float, default=None,
+                   help="check bound of the FP8 rows (default 0.1, benchmarks/impls.py: E4M3 "
+                        "operands give ~6-7 %%; issue 13's 5e-2 target is reported beside)")
+    p.add_argument("--b6-autotune", default="pinned", choices=("pinned", "full"),
+                   help="B6 (Liger): pinned = LIGER_FUSED_MOE_AUTOTUNE=0, one config per "
+                        "kernel; full = Liger's Triton autotune in each shape's first call")
     p.add_argument("--item-timeout-s", type=float, default=150.0,
                    help="kill a worker whose current item runs longer than this")
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceiling measurements")
@@ -59,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.iters = args.iters if args.iters is not None else defaults[0]
     args.warmup = args.warmup if args.warmup is not None else defaults[1]
     args.sets = args.sets if args.sets is not None else defaults[2]
+    if args.fp8_tolerance is None:
+        from benchmarks.impls import FP8_TOLERANCE
+
+        args.fp8_tolerance = FP8_TOLERANCE
     args.shapes, args.routing = _list(args.shapes), _list(args.routing)
     args.passes, args.impls = _list(args.passes), _list(args.impls)
     _validate(p, args)
@@ -66,18 +82,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from benchmarks import impls
     from jax_mok.testing import SHAPES  # light: no device is touched
 
+    try:
+        args.impls = impls.expand(args.impls)
+    except ValueError as error:
+        parser.error(f"--impls: {error}")
     checks = [
         ("--shapes", args.shapes, tuple(SHAPES)),
         ("--routing", args.routing, ("balanced", "skewed")),
         ("--passes", args.passes, ("fwd", "fwdbwd")),
-        ("--impls", args.impls, ALL_IMPLS),
+        ("--impls", args.impls, impls.RUN_ORDER),
     ]
     for flag, given, allowed in checks:
         bad = [g for g in given if g not in allowed]
         if bad or not given:
             parser.error(f"{flag}: expected a comma list from {list(allowed)}, got {given}")
+    if not 0 < args.fp8_tolerance < 1:
+        parser.error(f"--fp8-tolerance must be in (0, 1), got {args.fp8_tolerance}")
     if args.iters < 1 or args.warmup < 0 or args.sets < 1:
         parser.error(f"--iters >= 1, --warmup >= 0, --sets >= 1; got {args.iters}, "
                      f"{args.warmup}, {args.sets}")
@@ -142,7 +165,8 @@ class Orchestrator:
             "impls": a.impls, "iters": a.iters, "warmup": a.warmup, "num_sets": a.sets,
             "dtype": a.dtype, "scale_tokens": a.scale_tokens, "scale_model": a.scale_model,
             "quick": a.quick, "deadline": deadline, "skip": skip, "events": events,
-            "probe_tokens": 16 if a.quick else 48,
+            "probe_tokens": 16 if a.quick else 48, "b6_autotune": a.b6_autotune,
+            "fp8_tolerance": a.fp8_tolerance, "run_start": self.start,
             # the first worker measures the ceilings before its items (one process less)
             "ceilings": not a.no_ceilings and self.ceilings is None,
         }
@@ -167,6 +191,8 @@ class Orchestrator:
         from benchmarks.worker import RESTART_EXIT_CODE, shape_items
 
         items = shape_items(shape, self.args.routing, self.args.passes, self.args.impls)
+        print(f"[{time.time() - self.start:7.1f}s] {shape}: {len(items)} items, "
+              f"{max(0.0, deadline - time.time()):.0f} s of the budget", flush=True)
         records: dict[str, dict] = {}
         failure = "not run (worker failed repeatedly)"
         for attempt in range(4):
@@ -244,9 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out or os.path.join(REPO_ROOT, "bench-out",
                                        "run-" + stamp.strftime("%Y%m%d-%H%M%S"))
     orch = Orchestrator(args, out_dir)
-    print(f"benchmarks -> {out_dir}  (shapes {','.join(args.shapes)}; impls "
+    print(f"benchmarks -> {out_dir}  (shapes {','.join(args.shapes)}; routing "
+          f"{','.join(args.routing)}; passes {','.join(args.passes)}; impls "
           f"{','.join(args.impls)}; {args.iters} iters, {args.warmup} warm-ups, {args.sets} "
           f"sets; budget {args.budget_s:.0f} s)", flush=True)
+    if "B6" in args.impls:
+        from benchmarks import peers_liger
+
+        site = peers_liger.ensure_importable(REPO_ROOT, LIGER_SITE)
+        if site is not None:
+            print(f"B6: liger_kernel installed from .whl/ into {site}", flush=True)
+            orch.env["PYTHONPATH"] = os.pathsep.join([site, orch.env["PYTHONPATH"]])
     records: list[dict] = []
     for i, shape in enumerate(args.shapes):
         records += orch.shape(shape, shapes_left=len(args.shapes) - i)
@@ -273,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "device_kind": machine.get("device_kind"), "gpu_name": machine.get("gpu_name"),
         "git_commit": result["meta"]["git_commit"], "jax": machine.get("jax"),
         "jaxlib": machine.get("jaxlib"), "torch": machine.get("torch"),
+        "liger_kernel": machine.get("liger_kernel"),
     }
     for record in records:
         record.update(stamp_fields)

@@ -17,8 +17,10 @@ import sys
 import time
 import traceback
 
+from benchmarks import runners
+from benchmarks.impls import IMPLS, RUN_ORDER, runs_pass
+
 RESTART_EXIT_CODE = 3
-IMPL_ORDER = ("B3", "jax_mok", "B2", "B1")  # torch first, while JAX's pool is still small
 
 
 def item_key(shape: str, routing: str, passname: str, impl: str) -> str:
@@ -29,20 +31,23 @@ def shape_items(shape: str, routings: list[str], passes: list[str],
                 impls: list[str]) -> list[dict]:
     """The items of one shape in run order.
 
-    Routing-major, then pass, then implementation (IMPL_ORDER: torch first in each group, while
-    JAX's pool is still small), with B1 (slow, often out of memory, and then holding a large JAX
-    pool) after everything else. So a short ``--budget-s`` still yields jax_mok next to its
-    peers on the first (routing, pass) groups instead of one implementation's every item.
+    Routing-major, then pass, then implementation (``impls.RUN_ORDER``: torch and Triton first
+    in each group, while JAX's pool is still small), with B1 (slow, often out of memory, and then
+    holding a large JAX pool) after everything else. So a short ``--budget-s`` still yields
+    jax_mok next to its peers on the first (routing, pass) groups instead of one
+    implementation's every item. An implementation without a pass (the forward-only ``-pq``
+    rows) has no item for it.
     """
-    ordered = [i for i in IMPL_ORDER if i in impls] + [i for i in impls if i not in IMPL_ORDER]
+    ordered = [i for i in RUN_ORDER if i in impls]
     first = [i for i in ordered if i != "B1"]
     last = [i for i in ordered if i == "B1"]
 
-    def item(r, p, i):
-        return {"key": item_key(shape, r, p, i), "shape": shape, "routing": r, "pass": p, "impl": i}
+    def items(names):
+        return [{"key": item_key(shape, r, p, i), "shape": shape, "routing": r, "pass": p,
+                 "impl": i}
+                for r in routings for p in passes for i in names if runs_pass(i, p)]
 
-    return ([item(r, p, i) for r in routings for p in passes for i in first]
-            + [item(r, p, i) for r in routings for p in passes for i in last])
+    return items(first) + items(last)
 
 
 def routed_flops(shape, passname: str) -> int:
@@ -82,7 +87,7 @@ def machine_info() -> dict:
     import jax
     import jaxlib
 
-    from benchmarks import peers_torch
+    from benchmarks import peers_liger, peers_torch
 
     dev = jax.devices()[0]
     info = {
@@ -94,6 +99,7 @@ def machine_info() -> dict:
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "torch": peers_torch.torch_version(),
+        "liger_kernel": peers_liger.liger_version(),
     }
     if dev.platform == "gpu":
         try:
@@ -113,7 +119,7 @@ def run_ceilings(spec: dict, events: Events, t0: float) -> None:
 
     from benchmarks import ceilings
 
-    _progress(t0, "measuring the bf16 matmul and copy ceilings")
+    _progress(t0, "measuring the bf16 and FP8 matmul and the copy ceilings")
     try:
         result = ceilings.measure(platform=jax.default_backend(), quick=spec["quick"],
                                   warmup=spec["warmup"], iters=spec["iters"])
@@ -123,8 +129,13 @@ def run_ceilings(spec: dict, events: Events, t0: float) -> None:
     finally:
         gc.collect()
     events.emit({"event": "ceilings", **result})
-    _progress(t0, f"ceilings: bf16 matmul {result['matmul_tflops']:.1f} TFLOP/s, "
-                  f"copy {result['hbm_gbps']:.1f} GB/s")
+    fp8 = result["fp8_matmul_tflops"]
+    _progress(t0, f"ceilings: bf16 matmul {result['matmul_tflops']:.1f} TFLOP/s, FP8 matmul "
+                  + (f"{fp8:.1f} TFLOP/s" if fp8 else "not measured") +
+                  f", copy {result['hbm_gbps']:.1f} GB/s")
+    for name, error in result["details"].items():
+        if name.endswith("_error"):
+            _progress(t0, f"ceiling {name[:-6]} not measured: {error}")
 
 
 class ShapeRunner:
@@ -145,7 +156,7 @@ class ShapeRunner:
         self.problems: dict = {}
         self.probes: dict = {}
         self.references: dict = {}
-        self.t0 = time.time()
+        self.t0 = spec.get("run_start", time.time())  # progress lines show the run's clock
 
     def problem(self, routing: str):
         from benchmarks import problems
@@ -171,11 +182,20 @@ class ShapeRunner:
         return self.references[routing]
 
     def base_record(self, item: dict) -> dict:
+        from benchmarks import peers_jax
+
         s = self.shape
+        impl = IMPLS[item["impl"]]
+        weight_bytes = peers_jax.bf16_bytes_per_expert(s, self.dtype)
         return {
             **{k: item[k] for k in ("key", "shape", "routing", "pass", "impl")},
             "tokens": s.tokens, "hidden": s.hidden, "ffn": s.ffn, "experts": s.experts,
             "top_k": s.top_k, "dtype": self.dtype.name, "flops": routed_flops(s, item["pass"]),
+            "precision": impl.precision, "recipe": impl.recipe,
+            "prequantized": impl.prequantized, "x_itemsize": self.dtype.itemsize,
+            # the weights as the implementation reads them (pre-quantized rows overwrite this)
+            # and their gradients (dense, in the weights' dtype): the roofline's bytes
+            "weight_bytes_per_expert": weight_bytes, "weight_grad_bytes_per_expert": weight_bytes,
             "iters": self.spec["iters"], "warmup": self.spec["warmup"],
             "num_sets": self.spec["num_sets"],
         }
@@ -183,15 +203,18 @@ class ShapeRunner:
     def run_item(self, item: dict) -> dict:
         record = self.base_record(item)
         try:
+            fresh = item["routing"] not in self.references
+            start = time.time()
             problem = self.problem(item["routing"])
             record["routing_stats"] = problem.routing_stats()
             record["weights_rotated"] = problem.weights_rotated
             record["touched_weight_bytes"] = problem.touched_weight_bytes()
+            record["experts_touched"] = record["routing_stats"]["experts_touched"]
             want = self.reference(item["routing"])
-            if item["impl"] == "B3":
-                self._run_torch(item, problem, want, record)
-            else:
-                self._run_jax(item, problem, want, record)
+            if fresh:  # where a shape's fixed cost goes: inputs, probe and float32 reference
+                _progress(self.t0, f"{item['shape']} {item['routing']}: inputs and reference "
+                                   f"ready in {time.time() - start:.1f} s")
+            runners.RUNNERS[IMPLS[item["impl"]].family](self, item, problem, want, record)
         except Exception as error:  # noqa: BLE001 - every failure becomes a record
             if _is_oom(error):
                 record["status"] = "OOM"
@@ -204,79 +227,26 @@ class ShapeRunner:
             gc.collect()
         return record
 
-    def _check(self, got: dict, want: dict, record: dict) -> bool:
+    def check(self, got: dict, want: dict, record: dict, tolerances: dict | None = None) -> bool:
+        """Compares the probed outputs with the reference; records the errors (the row's
+        accuracy) and, when a bound is exceeded, status "check_failed"."""
         from benchmarks import problems
 
-        record["check"] = problems.compare(got, {k: want[k] for k in got}, self.dtype)
+        record["check"] = problems.compare(got, {k: want[k] for k in got}, self.dtype, tolerances)
         if not record["check"]["passed"]:
             record["status"] = "check_failed"
             errs = ", ".join(f"{k} {v:.2e}" for k, v in record["check"]["errors"].items())
-            record["reason"] = f"rel. error above {record['check']['tolerance']:g}: {errs}"
+            record["reason"] = f"rel. error above {record['check']['tolerances']}: {errs}"
             return False
         return True
 
-    def _timed(self, step, record: dict) -> None:
+    def timed(self, step, record: dict) -> None:
         from benchmarks.timing import summarize, time_steps
 
         samples = time_steps(step, warmup=self.spec["warmup"], iters=self.spec["iters"])
         record.update(summarize(samples))
         record["tflops"] = record["flops"] / (record["median_ms"] * 1e-3) / 1e12
         record["status"] = "ok"
-
-    def _run_jax(self, item: dict, problem, want: dict, record: dict) -> None:
-        import jax
-
-        from benchmarks import peers_jax, problems
-
-        if item["impl"] == "jax_mok":
-            from jax_mok.kernels import _ffi
-
-            module = _ffi.cuda_module() if self.platform == "gpu" else _ffi.cpu_module()
-            if module is None:
-                record["status"] = "unavailable"
-                record["reason"] = f"jax_mok kernels for {self.platform} are not built"
-                return
-        capacity = None
-        if item["impl"] == "B2":
-            capacity = peers_jax.b2_capacity(problem.max_count)
-            record["b2_capacity"] = capacity
-        fn = peers_jax.routed_fn(item["impl"], capacity=capacity)
-        make = peers_jax.forward_fn if item["pass"] == "fwd" else peers_jax.forward_backward_fn
-        jitted = make(fn)
-        probe = self.probes[item["routing"]]
-        start = time.perf_counter()
-        out = jitted(*problem.sets[0].args(), probe.dy_check)
-        got = (problems.probe_outputs(probe, out) if item["pass"] == "fwd"
-               else problems.probe_outputs(probe, *out))
-        del out
-        record["first_call_s"] = time.perf_counter() - start  # compile + check run
-        if not self._check(got, want, record):
-            return
-        sets = problem.sets
-
-        def step(i: int) -> None:
-            s = sets[i % len(sets)]
-            jax.block_until_ready(jitted(*s.args(), s.dy))
-
-        self._timed(step, record)
-
-    def _run_torch(self, item: dict, problem, want: dict, record: dict) -> None:
-        from benchmarks import peers_torch
-
-        reason = peers_torch.unavailable_reason(self.platform)
-        if reason is not None:
-            record["status"] = "unavailable"
-            record["reason"] = reason
-            return
-        runner = peers_torch.TorchRunner(problem, item["pass"])
-        try:
-            start = time.perf_counter()
-            got = runner.check_outputs(self.probes[item["routing"]])
-            record["first_call_s"] = time.perf_counter() - start
-            if self._check(got, want, record):
-                self._timed(runner.step(), record)
-        finally:
-            runner.release()
 
     def run(self) -> int:
         spec = self.spec
@@ -296,6 +266,8 @@ class ShapeRunner:
                 self.events.emit({"event": "record", **record})
                 continue
             self.events.emit({"event": "start", "key": item["key"], "time": time.time()})
+            _progress(self.t0, f"{item['shape']} {item['routing']:8s} {item['pass']:6s} "
+                               f"{item['impl']}: running")
             record = self.run_item(item)
             self.events.emit({"event": "record", **record})
             self._print(record)
@@ -304,10 +276,10 @@ class ShapeRunner:
         return 0
 
     def _print(self, r: dict) -> None:
-        label = f"{r['shape']} {r['routing']:8s} {r['pass']:6s} {r['impl']:7s}"
+        label = f"{r['shape']} {r['routing']:8s} {r['pass']:6s} {r['impl']:20s}"
         if r["status"] == "ok":
             text = (f"{label} {r['median_ms']:9.3f} ms  {r['tflops']:8.2f} TFLOP/s  "
-                    f"(check {r['check']['max_error']:.1e})")
+                    f"(max rel. error {r['check']['max_error']:.1e})")
         else:
             text = f"{label} {r['status']}: {r.get('reason', '')[:160]}"
         _progress(self.t0, text)

@@ -9,7 +9,10 @@
 #   profile). Outputs land in $OUT. Env: TEST_TIMEOUT (300),
 #   TIMING_TIMEOUT (240), PROFILE=0 (skip the per-phase times), PROFILE_ALSO="VAR=value ..."
 #   (profile a second time with those variables set and print both side by side), NCU=1 (add the ncu
-#   counters of NCU_SHAPES, default "S3 S2"), BENCH_ARGS, BENCH_TIMEOUT (400).
+#   counters of NCU_SHAPES, default "S3 S2"), BENCH_ARGS, BENCH_TIMEOUT (400),
+#   TIMING_QUANTIZATION (kernel timings' --quantization, default none; e.g. none,fp8_block,mxfp8),
+#   PROFILE_QUANTIZATION (FP8 recipes to profile per phase after the bf16 profile, e.g.
+#   "fp8_block mxfp8"; each into profile_<recipe>.txt).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,6 +95,12 @@ run_profile() {
       python3 tools/kernel_timings.py profile > "$OUT/profile_also.txt" 2>&1
     python3 tools/kernel_timings.py compare "$OUT/profile.txt" "$OUT/profile_also.txt"
   fi
+  for q in ${PROFILE_QUANTIZATION:-}; do
+    step "per-phase device times, quantization=$q"
+    JAX_MOK_CUDA_PROFILE=1 timeout ${PROFILE_TIMEOUT:-120} python3 tools/kernel_timings.py profile \
+      --quantization "$q" > "$OUT/profile_$q.txt" 2>&1
+    grep -E "^--- |jax_mok CUDA profile" "$OUT/profile_$q.txt" | tail -40
+  done
 }
 
 TEST_RC=0
@@ -121,7 +130,8 @@ if [ "$MODE" = final ] || [ "$MODE" = bench ]; then
 fi
 
 step "kernel timings"
-timeout ${TIMING_TIMEOUT:-240} python3 tools/kernel_timings.py timings --shapes $( [ "$MODE" = quick ] && echo S1,S3,S6 || echo S1,S2,S3,S4,S5,S6 ) 2>&1 \
+timeout ${TIMING_TIMEOUT:-240} python3 tools/kernel_timings.py timings --quantization "${TIMING_QUANTIZATION:-none}" \
+  --shapes $( [ "$MODE" = quick ] && echo S1,S3,S6 || echo S1,S2,S3,S4,S5,S6 ) 2>&1 \
   | tee "$OUT/timings.txt"
 
 [ "${PROFILE:-1}" = 1 ] && run_profile

@@ -6,10 +6,15 @@
                                                                   # per-phase device times
     python3 tools/kernel_timings.py forward --shapes S3            # one forward (under ncu)
     python3 tools/kernel_timings.py compare A.txt B.txt           # two profile outputs, per phase
+    python3 tools/kernel_timings.py timings --quantization fp8_block,mxfp8   # the FP8 layer:
+        # fwd (weights quantized inside), fwd with pre-quantized weights, fwd+bwd; against the
+        # FP8 matmul ceiling. ``profile`` / ``forward`` take --quantization too (one recipe).
 
 Balanced routing, bf16, 8 distinct random experts tiled to E (keeps the generation temporaries
 small). Not the protocol (no input rotation, no peers): the harness is ``python -m benchmarks.run``.
-fwd+bwd returns y with the gradients, so XLA cannot drop the forward custom call.
+fwd+bwd returns y with the gradients, so XLA cannot drop the forward custom call. The FP8 rows
+run ``implementation="cuda"``; where the FP8 kernels are not wired in, the layer warns and runs
+its pure-JAX definition, and the table says which of the two ran.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from benchmarks.ceilings import _jax_matmul
+from benchmarks import mok_internals, peers_jax
+from benchmarks.ceilings import matmul_ceiling
 from benchmarks.timing import time_steps
 from jax_mok import testing
-from jax_mok.kernels import autodiff
 
 UNIQUE = 8
+QUANTIZATIONS = ("none", "fp8_block", "mxfp8")
 
 
 def inputs(name: str):
@@ -43,23 +49,33 @@ def inputs(name: str):
     return x, ids, w, jnp.tile(wgu, (E // u, 1, 1)), jnp.tile(wd, (E // u, 1, 1)), dy
 
 
-def forward(ids):
-    return jax.jit(
-        lambda x, w, a, b: autodiff.routed_experts(x, ids, w, a, b, implementation="cuda")
-    )
+def _experts(quantization: str, save: bool | None = None):
+    """The routed-experts function of the CUDA layer: bf16 ("none", with ``save``) or FP8."""
+    if quantization == "none":
+        fn = mok_internals.routed_experts_bf16("cuda")
+        return lambda *args: fn(*args, save_activations=save)
+    return mok_internals.routed_experts_fp8(quantization, "cuda")
 
 
-def forward_backward(ids, dy, save: bool | None = None):
+def forward(ids, quantization: str = "none"):
+    fn = _experts(quantization)
+    return jax.jit(lambda x, w, a, b: fn(x, ids, w, a, b))
+
+
+def forward_backward(ids, dy, save: bool | None = None, quantization: str = "none"):
+    fn = _experts(quantization, save)
+
     def step(x, w, a, b):
-        def fn(x, w, a, b):
-            return autodiff.routed_experts(
-                x, ids, w, a, b, implementation="cuda", save_activations=save
-            )
-
-        y, vjp = jax.vjp(fn, x, w, a, b)
+        y, vjp = jax.vjp(lambda x, w, a, b: fn(x, ids, w, a, b), x, w, a, b)
         return y, vjp(dy)
 
     return jax.jit(step)
+
+
+def fp8_path(ids, quantization: str, x, w, wgu, wd) -> str:
+    """"kernels" when the FP8 forward lowers to the FP8 custom calls, else "pure-JAX"."""
+    text = forward(ids, quantization).lower(x, w, wgu, wd).as_text()
+    return "kernels" if mok_internals.fp8_kernel_targets(text) else "pure-JAX"
 
 
 def median_s(f, *args, n: int = 20, warmup: int = 3) -> float:
@@ -69,8 +85,9 @@ def median_s(f, *args, n: int = 20, warmup: int = 3) -> float:
 
 
 def timings(shapes: list[str]) -> None:
-    ceil = _jax_matmul(8192, jnp.bfloat16, warmup=3, iters=20)["tflops"]  # benchmarks.ceilings
-    print(f"bf16 matmul ceiling (XLA 8192^3): {ceil:.0f} TFLOP/s")
+    ceiling = matmul_ceiling("bf16")  # benchmarks.ceilings
+    ceil = ceiling["tflops"]
+    print(f"bf16 matmul ceiling ({ceiling['source']} {ceiling['n']}^3): {ceil:.0f} TFLOP/s")
     rows = []
     for name in shapes:
         x, ids, w, wgu, wd, dy = inputs(name)
@@ -105,16 +122,68 @@ def timings(shapes: list[str]) -> None:
         )
 
 
-def profile(shapes: list[str]) -> None:
-    """Two fwd+bwd calls per shape; with JAX_MOK_CUDA_PROFILE=1 the kernels print each phase's
-    device time to stderr, and the marker line names the second (warm) call."""
+def _fp8_times(recipe: str, name: str, x, ids, w, wgu, wd, dy) -> dict[str, float]:
+    """Median seconds of the FP8 forward, the forward on pre-quantized weights and fwd+bwd
+    (NaN for a run that failed, e.g. out of memory: the other runs still count)."""
+    out = {}
+    for label in ("fwd", "pq", "fwdbwd"):
+        try:
+            if label == "fwd":
+                out[label] = median_s(forward(ids, recipe), x, w, wgu, wd, n=10)
+            elif label == "pq":
+                weights = peers_jax.prequantize(wgu, wd, recipe)
+                out[label] = median_s(forward(ids, recipe), x, w, *weights, n=10)
+                del weights
+            else:
+                fb = forward_backward(ids, dy, quantization=recipe)
+                out[label] = median_s(fb, x, w, wgu, wd, n=5)
+        except Exception as e:  # noqa: BLE001 - reported, the other rows still count
+            print(f"{name} {recipe}: {label} failed: {str(e)[:200]}")
+            out[label] = float("nan")
+    return out
+
+
+def timings_fp8(shapes: list[str], recipes: list[str]) -> None:
+    """Per shape and recipe: forward (weights quantized inside the layer from bf16), forward
+    with pre-quantized weights (``jax_mok.quantize_params``) and fwd+bwd, against the FP8
+    matmul ceiling."""
+    ceiling = matmul_ceiling("fp8")
+    ceil = ceiling["tflops"]
+    print(f"FP8 matmul ceiling ({ceiling['source']} {ceiling['n']}^3): {ceil:.0f} TFLOP/s")
+    rows = []
     for name in shapes:
         x, ids, w, wgu, wd, dy = inputs(name)
-        fb = forward_backward(ids, dy)
+        flops = testing.SHAPES[name].forward_flops()
+        for recipe in recipes:
+            path = fp8_path(ids, recipe, x, w, wgu, wd)
+            t = _fp8_times(recipe, name, x, ids, w, wgu, wd, dy)
+            rows.append((name, recipe, path, t, flops))
+            print(f"{name} {recipe} ({path}): fwd {t['fwd'] * 1e3:.3f} ms | pre-quantized "
+                  f"{t['pq'] * 1e3:.3f} ms | fwd+bwd {t['fwdbwd'] * 1e3:.3f} ms", flush=True)
+        del x, ids, w, wgu, wd, dy
+    print("\n| shape | recipe | path | fwd ms | TFLOP/s | % FP8 ceil | pre-quantized fwd ms "
+          "| TFLOP/s | fwd+bwd ms | TFLOP/s | % FP8 ceil |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, recipe, path, t, flops in rows:
+        f, q, b = flops / t["fwd"] / 1e12, flops / t["pq"] / 1e12, 3 * flops / t["fwdbwd"] / 1e12
+        print(f"| {name} | {recipe} | {path} | {t['fwd'] * 1e3:.3f} | {f:.0f} | "
+              f"{100 * f / ceil:.0f} | {t['pq'] * 1e3:.3f} | {q:.0f} | {t['fwdbwd'] * 1e3:.3f} | "
+              f"{b:.0f} | {100 * b / ceil:.0f} |")
+
+
+def profile(shapes: list[str], quantization: str = "none") -> None:
+    """Two fwd+bwd calls per shape; with JAX_MOK_CUDA_PROFILE=1 the kernels print each phase's
+    device time to stderr, and the marker line names the second (warm) call. FP8 runs are
+    marked ``S1:fp8_block`` etc., so ``compare`` pairs them with FP8 runs only."""
+    for name in shapes:
+        x, ids, w, wgu, wd, dy = inputs(name)
+        fb = forward_backward(ids, dy, quantization=quantization)
         jax.block_until_ready(fb(x, w, wgu, wd))  # compile + first call
         s = testing.SHAPES[name]
+        label = name if quantization == "none" else f"{name}:{quantization}"
+        path = "" if quantization == "none" else f" [{fp8_path(ids, quantization, x, w, wgu, wd)}]"
         print(
-            f"--- {name} T={s.tokens} H={s.hidden} F={s.ffn} E={s.experts} k={s.top_k} "
+            f"--- {label} T={s.tokens} H={s.hidden} F={s.ffn} E={s.experts} k={s.top_k}{path} "
             "(second call below)",
             file=sys.stderr,
             flush=True,
@@ -178,7 +247,16 @@ def main() -> None:
     ap.add_argument("what", choices=("timings", "profile", "forward", "compare"))
     ap.add_argument("files", nargs="*", help="compare: two profile outputs")
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
+    ap.add_argument("--quantization", default="none",
+                    help=f"comma list from {QUANTIZATIONS} (profile / forward: one value)")
     args = ap.parse_args()
+    quantizations = args.quantization.split(",")
+    bad = [q for q in quantizations if q not in QUANTIZATIONS]
+    if bad or not quantizations:
+        ap.error(f"--quantization: expected a comma list from {QUANTIZATIONS}, got "
+                 f"{args.quantization!r}")
+    if args.what in ("profile", "forward") and len(quantizations) != 1:
+        ap.error(f"--quantization: {args.what} takes one value, got {args.quantization!r}")
     if args.what == "compare":
         if len(args.files) != 2:
             ap.error("compare takes two profile output files")
@@ -189,13 +267,17 @@ def main() -> None:
     if unknown:
         ap.error(f"--shapes: unknown {unknown}; expected names from {sorted(testing.SHAPES)}")
     if args.what == "timings":
-        timings(shapes)
+        if "none" in quantizations:
+            timings(shapes)
+        recipes = [q for q in quantizations if q != "none"]
+        if recipes:
+            timings_fp8(shapes, recipes)
     elif args.what == "profile":
-        profile(shapes)
+        profile(shapes, quantizations[0])
     else:
         for name in shapes:
             x, ids, w, wgu, wd, _ = inputs(name)
-            jax.block_until_ready(forward(ids)(x, w, wgu, wd))
+            jax.block_until_ready(forward(ids, quantizations[0])(x, w, wgu, wd))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""The harness's only reach below jax_mok's public API, kept in one place so that it can be
+re-pointed when modules move.
+
+The protocol times the routed experts given the routing (``topk_ids``, ``topk_weights``), as the
+torch peers are given it; the public ``jax_mok.moe`` also runs the router. So the harness calls
+the routed-experts functions under ``jax_mok.moe`` directly: the BF16 custom_vjp
+(``autodiff.routed_experts``) and the FP8 layer (``fp8.routed_experts_fp8``), and asks the FFI
+loader whether the kernels are built. Both package layouts are recognised: the kernel modules at
+the top of ``jax_mok`` or under ``jax_mok/kernels/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import re
+from collections.abc import Callable
+
+
+def _module(name: str):
+    """``jax_mok.kernels.<name>`` where that package exists, else ``jax_mok.<name>``."""
+    if importlib.util.find_spec("jax_mok.kernels") is not None:
+        candidate = f"jax_mok.kernels.{name}"
+        if importlib.util.find_spec(candidate) is not None:
+            return importlib.import_module(candidate)
+    return importlib.import_module(f"jax_mok.{name}")
+
+
+def kernels_built(platform: str) -> bool:
+    """Whether jax_mok's FFI kernels are built for ``platform`` ("cpu" or "gpu")."""
+    ffi = _module("_ffi")
+    module = ffi.cuda_module() if platform == "gpu" else ffi.cpu_module()
+    return module is not None
+
+
+def routed_experts_bf16(implementation: str) -> Callable:
+    """``(x [T, H], ids [T, k] int32, topk_weights [T, k] f32, w_gate_up [E, H, 2F],
+    w_down [E, F, H]) -> y [T, H]``: the unquantized layer's custom_vjp with ``implementation``
+    ("ffi": the kernels; "reference": sort + ``ragged_dot``)."""
+    autodiff = _module("autodiff")
+    return functools.partial(autodiff.routed_experts, implementation=implementation)
+
+
+def routed_experts_fp8(recipe: str, implementation: str = "ffi") -> Callable:
+    """The FP8 layer for ``recipe`` ("mxfp8" / "fp8_block") with the signature of
+    :func:`routed_experts_bf16`. The weights may be arrays (quantized inside the layer) or
+    ``jax_mok.QuantizedWeight`` s from ``jax_mok.quantize_params`` (forward only)."""
+    fp8 = _module("fp8")  # jax_mok.kernels.fp8: the kernels where they run the call
+
+    def call(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+        return fp8.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe,
+                                      implementation=implementation)
+
+    return call
+
+
+# A custom call's target as StableHLO (``stablehlo.custom_call @name(``, or the generic
+# ``call_target_name = "name"``) or HLO (``custom_call_target="name"``) text prints it.
+_FP8_TARGET = re.compile(r'(?:custom_call @|call_target_name\s*=\s*"|custom_call_target=")'
+                         r"(mok_\w*fp8\w*)")
+
+
+def fp8_kernel_targets(lowered_text: str) -> list[str]:
+    """The FP8 custom-call targets (``mok_*fp8*``) a lowered program calls: empty when the FP8
+    layer lowered to plain XLA operations (its pure-JAX definition)."""
+    return sorted(set(_FP8_TARGET.findall(lowered_text)))

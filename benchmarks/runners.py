@@ -1,0 +1,147 @@
+"""How one item of each family runs: check against the reference first, then time.
+
+``run_jax`` (jax_mok, its FP8 rows, B1, B2), ``run_torch`` (B3, B3-fp8) and ``run_liger`` (B6)
+each fill a record prepared by ``worker.ShapeRunner`` (which owns the problems, probes and
+reference outputs, the check and the timing). A reason an item cannot run here becomes status
+"unavailable" (or "unsupported" for a pass the peer does not have) with that reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+from benchmarks.impls import FP8_TOLERANCE, IMPLS, tolerances
+
+
+def _tolerances(sr, name: str) -> dict | None:
+    return tolerances(name, sr.spec.get("fp8_tolerance", FP8_TOLERANCE))
+
+
+def _unavailable(record: dict, reason: str, status: str = "unavailable") -> None:
+    record["status"] = status
+    record["reason"] = reason
+
+
+def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
+    """A JAX implementation: jit, one checked call on set 0, then the timed calls."""
+    import jax
+
+    from benchmarks import mok_internals, peers_jax, problems
+
+    impl = IMPLS[item["impl"]]
+    if impl.name.startswith("jax_mok") and not mok_internals.kernels_built(sr.platform):
+        return _unavailable(record, f"jax_mok kernels for {sr.platform} are not built")
+    capacity = None
+    if impl.name == "B2":
+        capacity = peers_jax.b2_capacity(problem.max_count)
+        record["b2_capacity"] = capacity
+    fn = peers_jax.routed_fn(impl.name, capacity=capacity)
+    make = peers_jax.forward_fn if item["pass"] == "fwd" else peers_jax.forward_backward_fn
+    jitted = make(fn)
+    probe = sr.probes[item["routing"]]
+    s0 = problem.sets[0]
+    if impl.precision == "fp8":
+        # decided on the lowered program before anything is quantized or compiled
+        weights0 = (s0.w_gate_up, s0.w_down)
+        if impl.prequantized:
+            weights0 = jax.eval_shape(
+                functools.partial(peers_jax.prequantize, recipe=impl.recipe), *weights0)
+        path, reason = peers_jax.fp8_path(
+            jitted, (s0.x, s0.ids, s0.weights, *weights0, probe.dy_check), sr.platform)
+        record["fp8_path"] = path
+        if reason is not None and os.environ.get("JAX_MOK_BENCH_FP8_PURE_JAX") != "1":
+            return _unavailable(record, reason)
+    weights = [(s.w_gate_up, s.w_down) for s in problem.sets]
+    if impl.prequantized:
+        start = time.perf_counter()
+        quantized: dict[int, tuple] = {}  # one copy per distinct weight array
+        for s in problem.sets:
+            if id(s.w_gate_up) not in quantized:
+                quantized[id(s.w_gate_up)] = peers_jax.prequantize(s.w_gate_up, s.w_down,
+                                                                   impl.recipe)
+        weights = [quantized[id(s.w_gate_up)] for s in problem.sets]
+        jax.block_until_ready(weights)
+        record["prequantize_s"] = time.perf_counter() - start
+        record["weight_bytes_per_expert"] = peers_jax.quantized_bytes_per_expert(weights[0])
+
+    def args(i: int, dy) -> tuple:
+        s = problem.sets[i % len(problem.sets)]
+        return (s.x, s.ids, s.weights, *weights[i % len(problem.sets)], dy)
+
+    start = time.perf_counter()
+    out = jitted(*args(0, probe.dy_check))
+    got = (problems.probe_outputs(probe, out) if item["pass"] == "fwd"
+           else problems.probe_outputs(probe, *out))
+    del out
+    record["first_call_s"] = time.perf_counter() - start  # compile + check run
+    if not sr.check(got, want, record, _tolerances(sr, impl.name)):
+        return
+
+    def step(i: int) -> None:
+        s = problem.sets[i % len(problem.sets)]
+        jax.block_until_ready(jitted(*args(i, s.dy)))
+
+    sr.timed(step, record)
+
+
+def _torch_checked_and_timed(sr, runner, item: dict, want: dict, record: dict,
+                             tolerance: dict | None) -> None:
+    try:
+        start = time.perf_counter()
+        got = runner.check_outputs(sr.probes[item["routing"]])
+        record["first_call_s"] = time.perf_counter() - start
+        if sr.check(got, want, record, tolerance):
+            sr.timed(runner.step(), record)
+    finally:
+        runner.release()
+
+
+def run_torch(sr, item: dict, problem, want: dict, record: dict) -> None:
+    """B3 and B3-fp8 (PyTorch on the same device, DLPack views of the same arrays)."""
+    from benchmarks import peers_torch, peers_torch_fp8
+
+    reason = peers_torch.unavailable_reason(sr.platform)
+    if reason is not None:
+        return _unavailable(record, reason)
+    impl = IMPLS[item["impl"]]
+    fn = peers_torch.routed_experts
+    if impl.name == "B3-fp8":
+        import torch
+
+        reason = peers_torch_fp8.shape_reason(sr.shape.hidden, sr.shape.ffn)
+        if reason is not None:
+            return _unavailable(record, reason)
+        device = "cuda" if sr.platform == "gpu" else "cpu"
+        record["b3_fp8_gemm"] = ("torch._scaled_grouped_mm, row-wise scales, use_fast_accum"
+                                 if device == "cuda" else
+                                 "float32 emulation of torch._scaled_grouped_mm (CPU)")
+        record["b3_fp8_row_align"] = peers_torch_fp8.ROW_ALIGN
+        if item["pass"] == "fwdbwd":
+            reason = peers_torch_fp8.fwdbwd_unsupported_reason(device)
+            if reason is not None:
+                return _unavailable(record, reason, "unsupported")
+        if not hasattr(torch, "float8_e4m3fn"):
+            return _unavailable(record, f"torch {torch.__version__} has no float8_e4m3fn")
+        fn = peers_torch_fp8.routed_experts
+    runner = peers_torch.TorchRunner(problem, item["pass"], fn)
+    _torch_checked_and_timed(sr, runner, item, want, record, _tolerances(sr, impl.name))
+
+
+def run_liger(sr, item: dict, problem, want: dict, record: dict) -> None:
+    """B6 (Liger-Kernel's fused MoE; its autotune setting recorded beside the time)."""
+    from benchmarks import peers_liger
+
+    reason = peers_liger.unavailable_reason(sr.platform, sr.spec.get("b6_autotune", "pinned"))
+    if reason is not None:
+        return _unavailable(record, reason)
+    record["b6_autotune"] = peers_liger.autotune_setting()
+    record["liger_kernel"] = peers_liger.liger_version()
+    start = time.perf_counter()
+    runner = peers_liger.LigerRunner(problem, item["pass"])
+    record["layout_copy_s"] = time.perf_counter() - start  # untimed: weights in Liger's layout
+    _torch_checked_and_timed(sr, runner, item, want, record, _tolerances(sr, "B6"))
+
+
+RUNNERS = {"jax": run_jax, "torch": run_torch, "liger": run_liger}
