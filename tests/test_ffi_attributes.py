@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_mok import _ffi, reference, testing
+from jax_mok import reference, testing
+from jax_mok.kernels import _ffi
 
 pytestmark = pytest.mark.skipif(not _ffi.kernels_built("cpu"), reason="CPU kernels not built")
 
@@ -140,7 +141,7 @@ def test_out_of_range_attribute_fails_naming_it(name, value):
 
 _BAD_ENV_SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np
-from jax_mok import _ffi
+from jax_mok.kernels import _ffi
 assert _ffi.kernels_built("cpu")
 try:
     _ffi.cpu_module().num_threads()

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_mok import _ffi, reference, testing
+from jax_mok import reference, testing
+from jax_mok.kernels import _ffi
 
 pytestmark = pytest.mark.gpu
 
