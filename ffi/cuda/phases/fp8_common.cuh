@@ -4,11 +4,15 @@
 
 #include <type_traits>
 
-#include "cuda/device/fp8_gemm.cuh"
-#include "cuda/device/fp8_quantize.cuh"
+// The XLA FFI headers first: CuTe's sm100 traits turn -Wmissing-field-initializers into an error
+// for the rest of the unit (a GCC pragma), which XLA's api.h then trips over.
+#include "cuda/phases/fp8.h"
+// (launch.h includes the sm90 mainloop, and with it CuTe, after its own FFI headers)
 #include "cuda/host/launch.h"
 #include "cuda/host/tma.h"
-#include "cuda/phases/fp8.h"
+// The FP8 device code (CuTe).
+#include "cuda/device/fp8_gemm.cuh"
+#include "cuda/device/fp8_quantize.cuh"
 
 namespace mok::cuda::fp8 {
 
