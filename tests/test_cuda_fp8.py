@@ -13,6 +13,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from test_cuda_kernels import _problem  # noqa: E402 - the BF16 kernel tests' input generator
 
 pytestmark = pytest.mark.gpu
 
@@ -35,33 +36,6 @@ def _cuda_backend():
 
 def _cpu():
     return jax.devices("cpu")[0]
-
-
-def _routing(rng, T, E, k, kind):
-    ids = np.argsort(rng.random((T, E)), axis=1)[:, :k]
-    if kind == "dropped":
-        ids = np.where(rng.random((T, k)) < 0.3, -1, ids)
-    elif kind == "one_expert":
-        ids = np.full((T, k), -1)
-        ids[:, 0] = E - 1
-    elif kind == "skewed":
-        hot = max(1, E // 10)
-        logits = rng.standard_normal((T, E))
-        logits[:, :hot] += 2.5
-        ids = np.argsort(-logits, axis=1)[:, :k]
-    weights = rng.random((T, k)).astype(np.float32) + 0.1
-    return jnp.asarray(ids, jnp.int32), jnp.asarray(weights)
-
-
-def _problem(seed, T, H, F, E, k, dtype, kind):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T, H)).astype(np.float32)
-    wgu = (rng.standard_normal((E, H, 2 * F)) / np.sqrt(H)).astype(np.float32)
-    wd = (rng.standard_normal((E, F, H)) / np.sqrt(F)).astype(np.float32)
-    dy = rng.standard_normal((T, H)).astype(np.float32)
-    ids, w = _routing(rng, T, E, k, kind)
-    cast = lambda a: jnp.asarray(a, dtype)
-    return cast(x), ids, w, cast(wgu), cast(wd), cast(dy)
 
 
 def _vjp_fn(fn):

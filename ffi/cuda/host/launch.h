@@ -128,4 +128,21 @@ ffi::Error RunGemm(const GemmNames& names, GemmParams p, const Plan& plan, cudaS
   return Stage(names.phase, launch_simt_gemm<T, kMode, kEpi>(p, plan.sms, stream), stream);
 }
 
+// The backward's reductions after the dx GEMM: dx[t] = the k rows of dx_part of token t summed in
+// slot order, and d_w[t, j] = the n-tile partials of assignment (t, j) summed (0 where skipped).
+template <class T>
+ffi::Error CombineGradients(const Routing& r, const Problem& pr, const T* dx_part, T* dx,
+                            const float* dw_part, float* d_w, int n_tiles, int sms,
+                            cudaStream_t stream) {
+  MOK_RETURN_IF_ERROR(
+      Stage("combine dx",
+            launch_combine<T>(dx_part, r.assign_pos, dx, static_cast<int>(pr.tokens),
+                              static_cast<int>(pr.top_k), static_cast<int>(pr.hidden), sms, stream),
+            stream));
+  const int64_t assignments = pr.assignments();
+  reduce_dw_kernel<<<CeilDiv(assignments, 256), 256, 0, stream>>>(
+      dw_part, r.assign_pos, d_w, static_cast<int>(assignments), n_tiles);
+  return Stage("reduce d_w", cudaGetLastError(), stream);
+}
+
 }  // namespace mok::cuda

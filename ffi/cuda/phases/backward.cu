@@ -86,13 +86,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
       {"dh Wgu^T GEMM", "dh", "w_gate_up"}, g3, plan, stream)));
 
   MOK_RETURN_IF_ERROR(
-      Stage("combine dx",
-            launch_combine<T>(b.dx_part, r.assign_pos, dx, static_cast<int>(pr.tokens),
-                              static_cast<int>(pr.top_k), static_cast<int>(H), plan.sms, stream),
-            stream));
-  reduce_dw_kernel<<<CeilDiv(TK, 256), 256, 0, stream>>>(b.dw_part, r.assign_pos, d_w,
-                                                         static_cast<int>(TK), g_tiles);
-  MOK_RETURN_IF_ERROR(Stage("reduce d_w", cudaGetLastError(), stream));
+      CombineGradients<T>(r, pr, b.dx_part, dx, b.dw_part, d_w, g_tiles, plan.sms, stream));
 
   GemmParams g4 = RoutedParams(r, w);  // dWd[e] = (w·a)^T dy[tok]    [F, H]
   g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, bn);

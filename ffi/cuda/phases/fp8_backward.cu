@@ -96,13 +96,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
               launch_fp8_gemm<R, kM, kPerRow, Epi8::kStoreRows, T>(g3, dev.sms, stream), stream));
 
     MOK_RETURN_IF_ERROR(
-        Stage("combine dx",
-              launch_combine<T>(b.dx_part, r.assign_pos, dx, static_cast<int>(pr.tokens),
-                                static_cast<int>(pr.top_k), static_cast<int>(H), dev.sms, stream),
-              stream));
-    reduce_dw_kernel<<<CeilDiv(P, 256), 256, 0, stream>>>(b.dw_part, r.assign_pos, d_w,
-                                                          static_cast<int>(P), g_tiles);
-    MOK_RETURN_IF_ERROR(Stage("reduce d_w", cudaGetLastError(), stream));
+        CombineGradients<T>(r, pr, b.dx_part, dx, b.dw_part, d_w, g_tiles, dev.sms, stream));
 
     // Weight gradients: both operands transposed and quantized along each expert's tokens.
     auto weight_grad = [&](const char* name, const T* a_src, int64_t a_ld, const int* a_gather,
