@@ -87,7 +87,7 @@ def _backward_outs(x2d, topk_weights, w_gate_up, w_down):
     return tuple(_like(a) for a in (x2d, topk_weights, w_gate_up, w_down))
 
 
-def _no_vmap_of_gradients(axis_size, in_batched, *args):
+def no_vmap_of_gradients(axis_size, in_batched, *args):
     # Per-example weight gradients would need one kernel call per example; say so instead of
     # looping silently.
     raise NotImplementedError(
@@ -144,7 +144,7 @@ def moe_forward_train(kernel: KernelTuning):
         return jax.ffi.ffi_call("mok_moe_fwd_train", outs)(
             x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
 
-    forward_train.def_vmap(_no_vmap_of_gradients)
+    forward_train.def_vmap(no_vmap_of_gradients)
     return forward_train
 
 
@@ -160,7 +160,7 @@ def moe_backward(kernel: KernelTuning):
         return jax.ffi.ffi_call("mok_moe_bwd", outs)(
             dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
 
-    backward.def_vmap(_no_vmap_of_gradients)
+    backward.def_vmap(no_vmap_of_gradients)
     return backward
 
 
@@ -274,4 +274,5 @@ __all__ = [
     "moe_backward_saved",
     "moe_forward",
     "moe_forward_train",
+    "no_vmap_of_gradients",
 ]
