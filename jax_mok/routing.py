@@ -56,8 +56,8 @@ def _rowwise_top_k(k: int, ndim: int):
     def _(axis_size, in_batched, a):
         values, ids = _rowwise_top_k(k, ndim)(a.reshape(-1, *a.shape[2:]))
         lead = (axis_size, a.shape[1])
-        return (values.reshape(*lead, *values.shape[1:]),
-                ids.reshape(*lead, *ids.shape[1:])), (True, True)
+        return ([values.reshape(*lead, *values.shape[1:]), ids.reshape(*lead, *ids.shape[1:])],
+                [True, True])
 
     return batched
 

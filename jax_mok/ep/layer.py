@@ -37,7 +37,7 @@ from jax_mok import reference
 from jax_mok.ep import meshes, pack, plan, workspace
 from jax_mok.ep.peer import PeerTransport
 from jax_mok.ep.transport import Transport, XlaTransport
-from jax_mok.kernels import autodiff
+from jax_mok.kernels import autodiff, vma
 from jax_mok.params import MoEParams
 from jax_mok.routing import Routing, aux_losses, count_per_expert, route
 from jax_mok.tuning import Tuning, resolve
@@ -62,7 +62,9 @@ else:  # older jax: jax.experimental.shard_map.shard_map(check_rep=...)
 def no_tokens(x: jax.Array, config, return_aux: bool):
     """The layer on ``T = 0`` tokens: ``y`` (x's shape, zero-size) and the aux of no tokens
     (losses 0, counts 0), as the single-device layer gives them."""
-    y = jnp.zeros_like(x)
+    # Computed from x (empty, so no value to mind): a jit whose outputs are all constants runs
+    # on one device, which x's explicit-axis type would refuse.
+    y = x * jnp.zeros((), x.dtype)
     if not return_aux:
         return y
     zero = jnp.zeros((), jnp.float32)
@@ -169,6 +171,8 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
     specs = (tokens_spec, replicated, replicated, experts_spec, experts_spec, replicated,
              replicated, replicated)
     fn = shard_map(local, mesh, in_specs=specs, out_specs=(tokens_spec, aux_spec))
+    if meshes.manual_axes(mesh) and vma.axes(x2d):
+        fn = _not_differentiable_here(fn)
     args = (x2d, params.router, params.router_bias, params.w_gate_up, params.w_down,
             params.shared_gate_up, params.shared_down, params.shared_gate)
     y2d, aux = fn(*(plan.conform(a, s, mesh) for a, s in zip(args, specs, strict=True)))
@@ -176,6 +180,30 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
     if return_aux:
         return y, aux
     return y
+
+
+def _not_differentiable_here(fn):
+    """``fn`` (a ``shard_map`` nested in a user's ``shard_map`` that checks vma types) with a
+    backward that says why there is none: JAX (0.10) cannot transpose a ``shard_map`` nested
+    in one with ``check_vma=True`` (unchecked inner map: a cotangent type error; checked: an
+    MLIR verifier error), so the gradient would fail inside JAX with neither message."""
+
+    @jax.custom_vjp
+    def forward_only(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        return fn(*args), None
+
+    def bwd(_, cotangents):
+        raise NotImplementedError(
+            "jax_mok.moe: differentiating an expert-parallel call nested in a shard_map with "
+            "check_vma=True is not supported by JAX (it cannot transpose the nested shard_map); "
+            "pass check_vma=False to your shard_map, include the expert axis in it (the layer "
+            "then runs per shard), or call jax_mok.moe outside it")
+
+    forward_only.defvjp(fwd, bwd)
+    return forward_only
 
 
 def _on_mesh(x, mesh) -> bool:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mok import reference
-from jax_mok.kernels import _ffi, targets
+from jax_mok.kernels import _ffi, targets, vma
 from jax_mok.tuning import KernelTuning, Tuning, resolve
 
 IMPLEMENTATIONS = ("reference", "ffi", "cpu", "cuda")
@@ -71,8 +71,9 @@ def _kernel_experts_bwd(save, kernel, residuals, dy):
         grads = targets.moe_backward(kernel)(*args)
     else:
         grads = backward_with_h(kernel, *args, h)
-    dx, d_weights, d_gate_up, d_down = grads
-    return dx, None, d_weights, d_gate_up, d_down
+    x2d, _, topk_weights, w_gate_up, w_down = operands
+    return (vma.cotangent_like(grads[0], x2d), None, vma.cotangent_like(grads[1], topk_weights),
+            vma.cotangent_like(grads[2], w_gate_up), vma.cotangent_like(grads[3], w_down))
 
 
 _kernel_experts.defvjp(_kernel_experts_fwd, _kernel_experts_bwd)
