@@ -112,7 +112,6 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
     mesh = ep_plan.mesh
     token_axes = ep_plan.resolved_token_axes
     shards = ep_plan.token_shards
-    H = config.hidden_size
     tokens_global = math.prod(x.shape[:-1])
     if tokens_global % shards:
         raise ValueError(
