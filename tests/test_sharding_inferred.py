@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_mok
 from jax_mok import testing
+from jax_mok.ep import partitioned
 from jax_mok.kernels import _ffi, targets
 from jax_mok.tuning import KernelTuning, PeerTuning
 
@@ -146,6 +148,45 @@ def test_plain_jit_follows_the_input_shardings(name, axis_type):
     tokens_per_device = x.size // H // CPU_DEVICES
     rows = kernel_rows(hlo)
     assert rows and set(rows) == {ep * tokens_per_device}, rows
+
+
+@pytest.mark.skipif(not _ffi.kernels_built("cpu"), reason="needs the CPU kernels")
+@pytest.mark.parametrize("name", ["data", "data_x_expert"])
+@pytest.mark.parametrize("variant", ["saved_activations", "reference"])
+def test_auto_axes_other_residual_policies(name, variant):
+    """The partitioned ops' other paths under auto axes: the saved-activation pair (forward
+    keeping h, backward reading it; on the CPU h is a placeholder and the backward recomputes,
+    which still runs every partition callback of the pair) and the pure-JAX reference as the
+    per-device experts."""
+    shape, names, x_spec, w_spec = LAYOUTS[name]
+    mesh = _mesh(shape, names, AxisType.Auto)
+    config = CONFIG
+    implementation = "reference" if variant == "reference" else "ffi"
+    if variant == "saved_activations":
+        config = dataclasses.replace(CONFIG, save_activations=True)
+    x, params = _problem(11, config)
+
+    def loss(x, p):
+        return jnp.sum(jax_mok.moe(x, p, implementation=implementation) ** 2)
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    want_value, want_grads = step(x, params)
+    xs, ps = _place(x, params, mesh, x_spec, w_spec)
+    partitioned._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value, grads = step(xs, ps)
+    said = [str(w.message) for w in caught if "found at compile time" in str(w.message)]
+    # Expert parallel found at compile time cannot keep saved activations: it says so, once.
+    expected = variant == "saved_activations" and name == "data_x_expert"
+    assert len(said) == int(expected), said
+    if expected:
+        assert "recomputes the gate/up GEMM" in said[0] and "jax.set_mesh(mesh)" in said[0]
+    tol = testing.tolerance(jnp.float32)
+    assert testing.rel_error(value, want_value) < tol
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        assert testing.rel_error(a, b) < tol
+    assert not weight_all_gathers(step.lower(xs, ps).compile().as_text())
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])

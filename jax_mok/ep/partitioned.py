@@ -192,8 +192,9 @@ def _warn_expert_parallel_costs(call: Call, mesh, axis: str) -> None:
     if not reasons:
         return
     message = (f"jax_mok.moe: expert parallelism found at compile time (auto axes) "
-               f"{' and '.join(reasons)}; give the layout at trace time for both: "
-               "jax.set_mesh(mesh), explicit mesh axes, or mesh=...")
+               f"{' and '.join(reasons)}; give the layout at trace time to avoid "
+               f"{'this' if len(reasons) == 1 else 'both'}: jax.set_mesh(mesh), explicit mesh "
+               "axes, or mesh=...")
     if message not in _WARNED:
         _WARNED.add(message)
         warnings.warn(message, stacklevel=2)
