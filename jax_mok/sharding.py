@@ -14,9 +14,10 @@ pjit-style program only places its arrays::
 
 A mesh can also be given at trace time, first match wins: ``jax_mok.moe(x, params, mesh=mesh)``;
 the :func:`expert_parallel` context around code that calls ``moe`` (e.g. Flax modules); the
-ambient mesh of ``jax.set_mesh`` when it has the expert axis. That path keeps the saved
-activations and can use transport ``"peer"``; the layout read at compile time (auto axes, no
-mesh in sight) uses ``"xla"`` and recomputes in the backward (jax_mok/ep/partitioned.py).
+ambient mesh of ``jax.set_mesh`` when it has the expert axis. Expert parallelism planned at
+trace time (those, or explicit axes) keeps the saved activations and can use transport
+``"peer"``; found at compile time (auto axes, no mesh in sight) it uses ``"xla"`` and
+recomputes the gate/up GEMM in the backward (jax_mok/ep/partitioned.py).
 
 The ``transport`` names how tokens travel: ``"xla"`` (``lax.all_to_all``, any backend);
 ``"peer"`` (NVLink peer memory, docs/peer-transport.md) only where
