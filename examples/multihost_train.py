@@ -1,8 +1,10 @@
 """Multi-process training of the tiny MoE LM: jax.distributed + a data x expert mesh.
 
 Every process runs this script. The experts are sharded over the mesh axis "expert", the batch
-over ("data", "expert"), everything else is replicated; jax_mok.moe partitions itself over the
-mesh (expert parallelism, XLA all_to_all) and jax.jit does the rest.
+over ("data", "expert"), everything else is replicated. The training step is plain pjit-style
+code: no jax_mok context and no mesh argument; jax_mok.moe reads the shardings of its inputs when
+XLA partitions the step (expert parallelism over "expert", XLA all_to_all) and jax.jit does the
+rest.
 
 On one machine, 2 CPU processes talking over localhost (gloo collectives), 2 devices each:
 
@@ -83,8 +85,6 @@ def train(args: argparse.Namespace) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    import jax_mok.sharding
-
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from moe_lm import CharData, LMConfig, MoELM, loss_fn
 
@@ -147,24 +147,23 @@ def train(args: argparse.Namespace) -> None:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value, metrics
 
-    with jax_mok.sharding.expert_parallel(mesh):
-        # Pin the output layouts to the input ones: one compilation for the whole run.
-        opt_shardings = jax.tree.map(lambda a: a.sharding, opt_state)
-        step = jax.jit(step, donate_argnums=(0, 1),
-                       out_shardings=(param_shardings, opt_shardings, None, None))
-        rng = np.random.default_rng(1234)  # same stream on every process: a global batch
-        losses = []
-        start = time.perf_counter()
-        for i in range(1, args.steps + 1):
-            global_batch = data.batch(rng, args.batch, args.seq_len)
-            tokens = jax.make_array_from_callback(global_batch.shape, batch_sharding,
-                                                  lambda idx, b=global_batch: b[idx])
-            params, opt_state, value, metrics = step(params, opt_state, rest, tokens)
-            losses.append(float(metrics["ce"]))
-            if i == 1 or i % args.log_every == 0 or i == args.steps:
-                load = np.asarray(jax.device_get(metrics["expert_counts"])).sum(0)
-                log(f"step {i:4d}  loss {losses[-1]:.4f}  expert load {load.tolist()}  "
-                    f"{time.perf_counter() - start:.1f}s")
+    # Pin the output layouts to the input ones: one compilation for the whole run.
+    opt_shardings = jax.tree.map(lambda a: a.sharding, opt_state)
+    step = jax.jit(step, donate_argnums=(0, 1),
+                   out_shardings=(param_shardings, opt_shardings, None, None))
+    rng = np.random.default_rng(1234)  # same stream on every process: a global batch
+    losses = []
+    start = time.perf_counter()
+    for i in range(1, args.steps + 1):
+        global_batch = data.batch(rng, args.batch, args.seq_len)
+        tokens = jax.make_array_from_callback(global_batch.shape, batch_sharding,
+                                              lambda idx, b=global_batch: b[idx])
+        params, opt_state, value, metrics = step(params, opt_state, rest, tokens)
+        losses.append(float(metrics["ce"]))
+        if i == 1 or i % args.log_every == 0 or i == args.steps:
+            load = np.asarray(jax.device_get(metrics["expert_counts"])).sum(0)
+            log(f"step {i:4d}  loss {losses[-1]:.4f}  expert load {load.tolist()}  "
+                f"{time.perf_counter() - start:.1f}s")
 
     # Replicated parameters must agree across processes: checksum this process's copies.
     copies = [leaf for leaf in jax.tree.leaves(params) if leaf.sharding.is_fully_replicated]

@@ -1,10 +1,12 @@
-"""``jax_mok.moe``: validate, choose the implementation, find the expert-parallel plan, then run
-the single-device layer (:func:`jax_mok.reference.layer` with the kernels as its routed experts)
-or the expert-parallel one (:mod:`jax_mok.ep.layer`)."""
+"""``jax_mok.moe``: validate, choose the implementation, find the plan, then run the partitioned
+layer (:mod:`jax_mok.ep.layer`, a ``shard_map``: data, expert or data x expert parallel) or the
+single-device layer (:func:`jax_mok.reference.layer`) whose routed experts partition themselves
+when XLA spreads the call over several devices (:mod:`jax_mok.ep.partitioned`)."""
 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import jax
@@ -64,10 +66,14 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         ``dropped_tokens`` (int32 count of dropped assignments).
       implementation: ``None`` (kernels if built for the default backend, else reference),
         ``"reference"``, ``"ffi"``, ``"cpu"`` or ``"cuda"``.
-      mesh, expert_axis, token_axes, transport: expert parallelism (see :mod:`jax_mok.sharding`):
-        with a mesh (this argument, ``jax_mok.sharding.expert_parallel``, or an ambient
-        ``jax.set_mesh`` mesh having ``expert_axis``) the call runs under ``shard_map`` with the
-        experts sharded over ``expert_axis`` and the tokens over ``token_axes``.
+      mesh, expert_axis, token_axes, transport: the partitioning (see :mod:`jax_mok.sharding`).
+        Without any of them the call reads the shardings of ``x`` and the expert weights: under
+        ``jax.jit`` it runs data parallel where the experts are replicated, expert parallel
+        where they are sharded along ``E`` (data x expert with sharded tokens), output sharded
+        like ``x``; never gathering experts. With a mesh (this argument,
+        ``jax_mok.sharding.expert_parallel``, or an ambient ``jax.set_mesh`` mesh having
+        ``expert_axis``) the call runs under ``shard_map`` with the experts sharded over
+        ``expert_axis`` and the tokens over ``token_axes``.
       tuning: :class:`jax_mok.Tuning` for the kernels and the peer transport (None: the
         defaults and ``JAX_MOK_TUNING``; jax_mok/tuning.py). Never changes what is computed.
 
@@ -93,19 +99,44 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
             raise ValueError(f"implementation={implementation!r}: {reason}; "
                              "use implementation='reference' or None")
     tuning = resolve(tuning)
-    plan = ep.plan_for(params, mesh=mesh, expert_axis=expert_axis, token_axes=token_axes,
+    plan = ep.plan_for(params, x=x, mesh=mesh, expert_axis=expert_axis, token_axes=token_axes,
                        transport=transport)
     if plan is not None:
         return ep.moe_expert_parallel(x, params, plan, return_aux=return_aux,
                                       implementation=implementation, tuning=tuning)
+    if math.prod(x.shape[:-1]) == 0:
+        return ep.no_tokens(x, config, return_aux)
     if config.quantization is not None:  # the FP8 layer (jax_mok.fp8 states its semantics)
+        manual = ep.meshes.manual_axes(ep.meshes.ambient_mesh())
+        if not manual and ep.partitioned.on_several_devices(x, params.w_gate_up, params.w_down):
+            raise NotImplementedError(
+                f"jax_mok: quantization={config.quantization!r} with arrays on a mesh of several "
+                "devices needs the layout at trace time: pass mesh=..., use jax.set_mesh, or "
+                "explicit axes (the automatically partitioned ops run the BF16 layer only)")
         experts = functools.partial(fp8.routed_experts_fp8, recipe=config.quantization,
                                     implementation=implementation,
                                     save_activations=config.save_activations)
+    elif _partitioned_experts(x, params, implementation):
+        experts = functools.partial(ep.partitioned.routed_experts, config=config,
+                                    implementation=implementation, tuning=tuning)
     else:
         experts = functools.partial(autodiff.routed_experts, implementation=implementation,
                                     save_activations=config.save_activations, tuning=tuning)
     return reference.layer(x, params, experts, return_aux=return_aux)
+
+
+def _partitioned_experts(x, params: MoEParams, implementation: str) -> bool:
+    """Whether the routed experts are :mod:`jax_mok.ep.partitioned`'s ops (which lower to the
+    plain call on one device): not inside a ``shard_map`` (the call then runs on its shard);
+    for the kernels wherever the process has several devices (XLA would otherwise run a custom
+    call on gathered operands); for the reference only where the arrays live on a mesh of
+    several devices (elsewhere XLA partitions it like any JAX code, and its backward keeps
+    autodiff's residuals)."""
+    if ep.meshes.manual_axes(ep.meshes.ambient_mesh()):
+        return False
+    if ep.partitioned.on_several_devices(x, params.w_gate_up, params.w_down):
+        return True
+    return implementation != "reference" and jax.device_count() > 1
 
 
 __all__ = ["default_implementation", "kernel_limits", "moe", "validate"]

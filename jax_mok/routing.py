@@ -7,13 +7,68 @@ gradient reaches it through the routing weights (``d_topk_weights`` from the ker
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_mok.config import MoEConfig
 
 DROPPED = -1  # expert id of an assignment dropped by the capacity limit; kernels skip it
+
+
+def _partial_shard_map() -> bool:
+    """Whether a ``shard_map`` over some (not all) mesh axes is being traced: there the
+    partitioner hands ``custom_partitioning`` shardings without a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    types = [str(t) for t in (getattr(mesh, "axis_types", None) or ())]
+    manual = sum("Manual" in t for t in types)
+    return 0 < manual < len(types)
+
+
+@functools.cache
+def _rowwise_top_k(k: int, ndim: int):
+    """``lax.top_k`` over the last dim that XLA partitions over the leading (token) dims: the
+    partitioner would otherwise gather the scores of every token to each device for the TopK
+    custom call (seen on XLA:CPU). Under ``jax.vmap`` the batch is folded into the rows."""
+
+    def partition(mesh, arg_shapes, result_shape):
+        spec = tuple(arg_shapes[0].sharding.spec)
+        spec = (spec + (None,) * ndim)[: ndim - 1] + (None,)
+        rows = NamedSharding(mesh, PartitionSpec(*spec))
+        results = jax.tree.map(lambda _: rows, result_shape)  # top_k's own (list) structure
+        return mesh, lambda a: jax.lax.top_k(a, k), results, (rows,)
+
+    def infer(mesh, arg_shapes, result_shape):
+        spec = tuple(arg_shapes[0].sharding.spec)
+        rows = NamedSharding(mesh, PartitionSpec(*(spec + (None,) * ndim)[: ndim - 1], None))
+        return jax.tree.map(lambda _: rows, result_shape)
+
+    op = custom_partitioning(lambda a: jax.lax.top_k(a, k))
+    dims = " ".join(f"d{i}" for i in range(ndim - 1))
+    op.def_partition(partition, infer_sharding_from_operands=infer,
+                     sharding_rule=f"{dims} e -> {dims} k, {dims} k")
+    batched = jax.custom_batching.custom_vmap(op)
+
+    @batched.def_vmap
+    def _(axis_size, in_batched, a):
+        values, ids = _rowwise_top_k(k, ndim)(a.reshape(-1, *a.shape[2:]))
+        lead = (axis_size, a.shape[1])
+        return ([values.reshape(*lead, *values.shape[1:]), ids.reshape(*lead, *ids.shape[1:])],
+                [True, True])
+
+    return batched
+
+
+def top_k(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k(a, k)`` (values, int32 indices; ties to the lower index), partitioned
+    over a's leading dims when XLA spreads them over devices. Not differentiable: routing only
+    takes the indices of stop-gradient scores."""
+    if _partial_shard_map():
+        return jax.lax.top_k(a, k)
+    return _rowwise_top_k(k, a.ndim)(a)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +101,9 @@ def _group_limited(selection: jax.Array, config: MoEConfig) -> jax.Array:
     T, E = selection.shape
     per_group = E // config.n_group
     grouped = selection.reshape(T, config.n_group, per_group)
-    best = jax.lax.top_k(grouped, min(2, per_group))[0]
+    best = top_k(grouped, min(2, per_group))[0]
     group_scores = best.sum(-1)  # [T, n_group]
-    _, keep = jax.lax.top_k(group_scores, config.topk_group)  # [T, topk_group]
+    _, keep = top_k(group_scores, config.topk_group)  # [T, topk_group]
     group_mask = jnp.zeros((T, config.n_group), bool).at[jnp.arange(T)[:, None], keep].set(True)
     expert_mask = jnp.repeat(group_mask, per_group, axis=1)
     return jnp.where(expert_mask, selection, -jnp.inf)
@@ -102,7 +157,7 @@ def route(x2d: jax.Array, router: jax.Array, router_bias: jax.Array | None,
     selection = jax.lax.stop_gradient(selection)
     if config.n_group is not None:
         selection = _group_limited(selection, config)
-    _, ids = jax.lax.top_k(selection, config.top_k)  # ties go to the lower index
+    _, ids = top_k(selection, config.top_k)  # ties go to the lower index
     ids = ids.astype(jnp.int32)
     weights = jnp.take_along_axis(scores, ids, axis=-1)
     if config.norm_topk_prob:

@@ -1,5 +1,10 @@
-"""The expert-parallel layer: ``jax_mok.moe`` partitioned with ``shard_map`` around the same
-kernels. Per device (tokens ``x_loc [T_loc, H]``, ``E_loc = E / EP`` experts)::
+"""The partitioned layer: ``jax_mok.moe`` under ``shard_map`` around the same kernels, for a
+plan whose mesh is known at trace time (:mod:`jax_mok.ep.discover`).
+
+Data parallel (``plan.expert_axis is None``, experts replicated): each device routes its tokens
+and runs the local kernels on them; only the aux statistics (and the capacity counts) are summed
+over the token axes. Expert parallel, per device (tokens ``x_loc [T_loc, H]``, ``E_loc = E / EP``
+experts)::
 
     route x_loc (replicated router)          -> ids [T_loc, k], weights [T_loc, k]
     capacity (optional, global semantics)    -> ids past an expert's capacity become -1
@@ -22,24 +27,31 @@ and the gradients equal the single-device call's up to float summation order.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_mok import reference
-from jax_mok.ep import pack, plan, workspace
+from jax_mok.ep import meshes, pack, plan, workspace
 from jax_mok.ep.peer import PeerTransport
 from jax_mok.ep.transport import Transport, XlaTransport
+from jax_mok.kernels import autodiff, fp8, vma
 from jax_mok.params import MoEParams
 from jax_mok.quantization import cast_weight
 from jax_mok.routing import Routing, aux_losses, count_per_expert, route
 from jax_mok.tuning import Tuning, resolve
 
-if hasattr(jax, "shard_map"):  # jax >= 0.7: jax.shard_map(check_vma=...)
+if hasattr(jax, "shard_map"):  # jax >= 0.7: jax.shard_map(check_vma=..., axis_names=...)
     def shard_map(f, mesh, in_specs, out_specs):
+        """``shard_map`` over the free axes of ``mesh`` (inside a user's ``shard_map`` its
+        manual axes are already split: the layer nests over the others)."""
+        kwargs = {}
+        if meshes.manual_axes(mesh):
+            kwargs["axis_names"] = set(meshes.free_axes(mesh))
         return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                             check_vma=False)
+                             check_vma=False, **kwargs)
 else:  # older jax: jax.experimental.shard_map.shard_map(check_rep=...)
     from jax.experimental.shard_map import shard_map as _experimental_shard_map
 
@@ -48,11 +60,27 @@ else:  # older jax: jax.experimental.shard_map.shard_map(check_rep=...)
                                        check_rep=False)
 
 
+def no_tokens(x: jax.Array, config, return_aux: bool):
+    """The layer on ``T = 0`` tokens: ``y`` (x's shape, zero-size) and the aux of no tokens
+    (losses 0, counts 0), as the single-device layer gives them."""
+    # Computed from x (empty, so no value to mind): a jit whose outputs are all constants runs
+    # on one device, which x's explicit-axis type would refuse.
+    y = x * jnp.zeros((), x.dtype)
+    if not return_aux:
+        return y
+    zero = jnp.zeros((), jnp.float32)
+    return y, {"load_balancing_loss": zero, "router_z_loss": zero,
+               "expert_counts": jnp.zeros((config.num_experts,), jnp.int32),
+               "dropped_tokens": jnp.zeros((), jnp.int32)}
+
+
 def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_global: int,
-               dtype, implementation: str, tuning: Tuning) -> Transport:
-    """The transport object of a call; the peer workspace is created here, outside the
-    ``shard_map`` (once per mesh, axis and sizes)."""
+               dtype, implementation: str, tuning: Tuning) -> Transport | None:
+    """The transport object of a call (None when data parallel: nothing travels); the peer
+    workspace is created here, outside the ``shard_map`` (once per mesh, axis and sizes)."""
     save = config.save_activations
+    if ep_plan.expert_axis is None:
+        return None
     if ep_plan.transport != "peer":
         return XlaTransport(ep_plan.expert_axis, implementation, save, tuning,
                             config.quantization)
@@ -83,33 +111,55 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
             f"{ep_plan.expert_axis!r} ({ep}) for expert parallelism"
         )
     plan.check_expert_weights(params, ep_plan)
+    mesh = ep_plan.mesh
     token_axes = ep_plan.resolved_token_axes
     shards = ep_plan.token_shards
-    lead = x.shape[:-1]
-    H = config.hidden_size
-    x2d = x.reshape(-1, H)
-    tokens_global = x2d.shape[0]
+    tokens_global = math.prod(x.shape[:-1])
     if tokens_global % shards:
         raise ValueError(
             f"x has {tokens_global} tokens (shape {tuple(x.shape)}), which must be divisible by "
             f"{shards} = the product of the sizes of token_axes {token_axes}"
         )
+    if tokens_global == 0:
+        return no_tokens(x, config, return_aux)
+    x2d = _flatten(x, mesh, token_axes)
     tokens_local = tokens_global // shards
     experts_local = E // ep
     rows = pack.buffer_rows(config, tokens_local, tokens_global, ep)
-    route_config = dataclasses.replace(config, capacity_factor=None)
+    # One shard of tokens: route() applies the capacity itself; else its global ranking below.
+    global_capacity = config.capacity_factor is not None and shards > 1
+    route_config = dataclasses.replace(config, capacity_factor=None) if global_capacity else config
     dtype = x.dtype
     transport = _transport(ep_plan, config, tokens_local, tokens_global, dtype, implementation,
                            tuning)
+
+    def reduce(v):
+        return jax.lax.psum(v, token_axes) if token_axes else v
 
     def local(x_loc, router, router_bias, w_gate_up, w_down, shared_gate_up, shared_down,
               shared_gate):
         routing, routed_ids = route(x_loc, router, router_bias, route_config)
         ids = routing.topk_ids
-        if config.capacity_factor is not None:
+        if global_capacity:
             ids = pack.global_capacity(ids, config, token_axes, tokens_global)
-        packed, overflow = pack.pack(x_loc, ids, routing.topk_weights, ep, experts_local, rows)
-        y = transport.experts(packed, cast_weight(w_gate_up, dtype), cast_weight(w_down, dtype))
+        if transport is None:  # data parallel: this device's tokens, every expert here
+            overflow = jnp.zeros((), jnp.int32)
+            w_gu, w_dn = cast_weight(w_gate_up, dtype), cast_weight(w_down, dtype)
+            if config.quantization is not None:
+                y = fp8.routed_experts_fp8(
+                    x_loc, ids, routing.topk_weights, w_gu, w_dn, config.quantization,
+                    implementation=implementation,
+                    save_activations=config.save_activations).astype(jnp.float32)
+            else:
+                y = autodiff.routed_experts(
+                    x_loc, ids, routing.topk_weights, w_gu, w_dn,
+                    implementation=implementation, save_activations=config.save_activations,
+                    tuning=tuning).astype(jnp.float32)
+        else:
+            packed, overflow = pack.pack(x_loc, ids, routing.topk_weights, ep, experts_local,
+                                         rows)
+            y = transport.experts(packed, cast_weight(w_gate_up, dtype),
+                                  cast_weight(w_down, dtype))
         if config.shared_size:
             y = y + reference.swiglu_mlp(x_loc, shared_gate_up, shared_down, shared_gate)
         y = y.astype(dtype)
@@ -118,10 +168,9 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
         dropped = jnp.sum(ids < 0).astype(jnp.int32) + overflow
         kept = Routing(ids, routing.topk_weights, routing.logits, routing.scores,
                        count_per_expert(ids, config.num_experts), dropped)
-        return y, aux_losses(kept, routed_ids, config, num_tokens=tokens_global,
-                             reduce=lambda v: jax.lax.psum(v, token_axes))
+        return y, aux_losses(kept, routed_ids, config, num_tokens=tokens_global, reduce=reduce)
 
-    tokens_spec = PartitionSpec(token_axes, None)
+    tokens_spec = PartitionSpec(token_axes or None, None)
     experts_spec = PartitionSpec(ep_plan.expert_axis, None, None)
     replicated = PartitionSpec()
     aux_spec = None if not return_aux else {
@@ -130,22 +179,68 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
     }
     specs = (tokens_spec, replicated, replicated, experts_spec, experts_spec, replicated,
              replicated, replicated)
-    fn = shard_map(local, ep_plan.mesh, in_specs=specs, out_specs=(tokens_spec, aux_spec))
+    fn = shard_map(local, mesh, in_specs=specs, out_specs=(tokens_spec, aux_spec))
+    if meshes.manual_axes(mesh) and vma.axes(x2d):
+        fn = _not_differentiable_here(fn)
     args = (x2d, params.router, params.router_bias, params.w_gate_up, params.w_down,
             params.shared_gate_up, params.shared_down, params.shared_gate)
-    y2d, aux = fn(*(plan.conform(a, s, ep_plan.mesh) for a, s in zip(args, specs, strict=True)))
-    if plan.explicit(ep_plan.mesh):
-        # Give y the layout x had, so the reshape below is the inverse of x's (explicit axes
-        # make reshapes of sharded arrays check their sharding).
-        layout = jax.typeof(x2d).sharding
-        if getattr(layout.mesh, "empty", True):  # x was not on the mesh: give y back whole
-            layout = NamedSharding(ep_plan.mesh, PartitionSpec()) if isinstance(
-                ep_plan.mesh, Mesh) else PartitionSpec()
-        y2d = jax.sharding.reshard(y2d, layout)
-    y = y2d.reshape(*lead, H)
+    y2d, aux = fn(*(plan.conform(a, s, mesh) for a, s in zip(args, specs, strict=True)))
+    y = _unflatten(y2d, x, mesh)
     if return_aux:
         return y, aux
     return y
 
 
-__all__ = ["moe_expert_parallel", "shard_map"]
+def _not_differentiable_here(fn):
+    """``fn`` (a ``shard_map`` nested in a user's ``shard_map`` that checks vma types) with a
+    backward that says why there is none: JAX (0.10) cannot transpose a ``shard_map`` nested
+    in one with ``check_vma=True`` (unchecked inner map: a cotangent type error; checked: an
+    MLIR verifier error), so the gradient would fail inside JAX with neither message."""
+
+    @jax.custom_vjp
+    def forward_only(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        return fn(*args), None
+
+    def bwd(_, cotangents):
+        raise NotImplementedError(
+            "jax_mok.moe: differentiating an expert-parallel call nested in a shard_map with "
+            "check_vma=True is not supported by JAX (it cannot transpose the nested shard_map); "
+            "pass check_vma=False to your shard_map, include the expert axis in it (the layer "
+            "then runs per shard), or call jax_mok.moe outside it")
+
+    forward_only.defvjp(fwd, bwd)
+    return forward_only
+
+
+def _on_mesh(x, mesh) -> bool:
+    """Whether x's type carries ``mesh``'s (explicit) axes."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    found = getattr(sharding, "mesh", None)
+    return (found is not None and not getattr(found, "empty", True)
+            and tuple(found.axis_names) == tuple(mesh.axis_names))
+
+
+def _flatten(x: jax.Array, mesh, token_axes: tuple[str, ...]) -> jax.Array:
+    """``x [..., H] -> [T, H]``. With explicit axes a reshape must say where its result lives
+    (the merge of sharded token dims may move tokens): there, straight to the token layout."""
+    H = x.shape[-1]
+    if not meshes.explicit(mesh) or not _on_mesh(x, mesh):
+        return x.reshape(-1, H)
+    return jnp.reshape(x, (-1, H), out_sharding=NamedSharding(mesh, PartitionSpec(
+        token_axes or None, None)))
+
+
+def _unflatten(y2d: jax.Array, x: jax.Array, mesh) -> jax.Array:
+    """``y [T, H] -> x.shape`` in x's layout (explicit axes: x's own sharding, or replicated
+    when x was not on the mesh)."""
+    if not meshes.explicit(mesh):
+        return y2d.reshape(x.shape)
+    layout = (jax.typeof(x).sharding if _on_mesh(x, mesh)
+              else NamedSharding(mesh, PartitionSpec()))
+    return jnp.reshape(y2d, x.shape, out_sharding=layout)
+
+
+__all__ = ["moe_expert_parallel", "no_tokens", "shard_map"]

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mok.config import MoEConfig
-from jax_mok.kernels import _ffi, targets
+from jax_mok.kernels import _ffi, targets, vma
 from jax_mok.routing import DROPPED, rank_in_group
 
 
@@ -139,13 +139,15 @@ def home_sum(buffer: jax.Array, row: jax.Array, sent: jax.Array, token_of_row: j
 
 
 def _home_sum_fwd(buffer, row, sent, token_of_row, padding):
-    like = jnp.zeros((0,), buffer.dtype)  # carries the buffer's dtype (residuals are arrays)
+    # A zero-size slice carries the buffer's dtype and (inside shard_map) its vma type.
+    like = buffer.reshape(-1)[:0]
     return sum_home_rows(buffer, row, sent), (token_of_row, padding, like)
 
 
 def _home_sum_bwd(residuals, ct):
     token_of_row, padding, like = residuals
-    return gather_rows(ct, token_of_row, padding).astype(like.dtype), None, None, None, None
+    grad = gather_rows(ct, token_of_row, padding).astype(like.dtype)
+    return vma.cotangent_like(grad, like), None, None, None, None
 
 
 home_sum.defvjp(_home_sum_fwd, _home_sum_bwd)
@@ -166,12 +168,14 @@ def pack_rows(values: jax.Array, token_of_row: jax.Array, padding: jax.Array, ro
 
 
 def _pack_rows_fwd(values, token_of_row, padding, row, sent):
-    return gather_rows(values, token_of_row, padding), (row, sent)
+    like = values.reshape(-1)[:0]  # values' dtype and vma type
+    return gather_rows(values, token_of_row, padding), (row, sent, like)
 
 
 def _pack_rows_bwd(residuals, ct):
-    row, sent = residuals  # [T, EP] each
-    return sum_home_rows(ct, row, sent).astype(ct.dtype), None, None, None, None
+    row, sent, like = residuals  # [T, EP] each
+    grad = sum_home_rows(ct, row, sent).astype(like.dtype)
+    return vma.cotangent_like(grad, like), None, None, None, None
 
 
 pack_rows.defvjp(_pack_rows_fwd, _pack_rows_bwd)

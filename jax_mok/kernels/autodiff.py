@@ -20,15 +20,15 @@ import jax
 import jax.numpy as jnp
 
 from jax_mok import reference
-from jax_mok.kernels import _ffi, targets
+from jax_mok.kernels import _ffi, targets, vma
 from jax_mok.tuning import KernelTuning, Tuning, resolve
 
 IMPLEMENTATIONS = ("reference", "ffi", "cpu", "cuda")
 
 
-def _forward_keeping_h(kernel: KernelTuning, x2d, topk_ids, topk_weights, w_gate_up, w_down):
+def forward_keeping_h(kernel: KernelTuning, x2d, topk_ids, topk_weights, w_gate_up, w_down):
     """``(y, h)``, chosen per platform at lowering: the saving target exists for CUDA only, so
-    elsewhere the plain forward runs and h is a zero placeholder (``_backward_with_h`` then
+    elsewhere the plain forward runs and h is a zero placeholder (``backward_with_h`` then
     recomputes)."""
 
     def elsewhere(*args):
@@ -41,7 +41,7 @@ def _forward_keeping_h(kernel: KernelTuning, x2d, topk_ids, topk_weights, w_gate
         cuda=targets.moe_forward_train(kernel), default=elsewhere)
 
 
-def _backward_with_h(kernel: KernelTuning, *args):
+def backward_with_h(kernel: KernelTuning, *args):
     """``mok_moe_bwd_saved`` on CUDA; elsewhere the recomputing backward (h unused)."""
     return jax.lax.platform_dependent(
         *args, cuda=functools.partial(targets.moe_backward_saved, kernel),
@@ -58,7 +58,7 @@ def _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save: bool,
 def _kernel_experts_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, save, kernel):
     operands = (x2d, topk_ids, topk_weights, w_gate_up, w_down)
     if save:
-        y, h = _forward_keeping_h(kernel, *operands)
+        y, h = forward_keeping_h(kernel, *operands)
     else:
         y, h = targets.moe_forward(kernel)(*operands), None
     return y, (*operands, h)
@@ -70,9 +70,10 @@ def _kernel_experts_bwd(save, kernel, residuals, dy):
     if h is None:
         grads = targets.moe_backward(kernel)(*args)
     else:
-        grads = _backward_with_h(kernel, *args, h)
-    dx, d_weights, d_gate_up, d_down = grads
-    return dx, None, d_weights, d_gate_up, d_down
+        grads = backward_with_h(kernel, *args, h)
+    x2d, _, topk_weights, w_gate_up, w_down = operands
+    return (vma.cotangent_like(grads[0], x2d), None, vma.cotangent_like(grads[1], topk_weights),
+            vma.cotangent_like(grads[2], w_gate_up), vma.cotangent_like(grads[3], w_down))
 
 
 _kernel_experts.defvjp(_kernel_experts_fwd, _kernel_experts_bwd)
@@ -82,7 +83,7 @@ def resolve_save_activations(implementation: str, save: bool | None) -> bool:
     """The residual policy of a call: explicit, else saved where the kernels are CUDA's
     (``"cuda"``, or ``"ffi"`` with a GPU default backend). A computation that lands on the CPU
     with saving on (``"ffi"`` on a GPU machine, CPU devices) recomputes anyway
-    (``_forward_keeping_h``)."""
+    (``forward_keeping_h``)."""
     if save and implementation == "cpu":
         raise ValueError(
             "jax_mok: save_activations=True needs the CUDA kernels, but implementation='cpu'; "
@@ -141,5 +142,5 @@ def routed_experts(
     return _kernel_experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, save, kernel)
 
 
-__all__ = ["IMPLEMENTATIONS", "check_implementation", "resolve_save_activations",
-           "routed_experts"]
+__all__ = ["IMPLEMENTATIONS", "backward_with_h", "check_implementation", "forward_keeping_h",
+           "resolve_save_activations", "routed_experts"]

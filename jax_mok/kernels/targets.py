@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mok.kernels import vma
 from jax_mok.tuning import GEMMS, KernelTuning, PeerTuning
 
 # True: every call carries its tuning attributes, which the extensions' handlers bind
@@ -84,11 +85,18 @@ def _like(a) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(a.shape, a.dtype)
 
 
+def _call(target: str, results, *operands, attrs: dict, **options):
+    """``jax.ffi.ffi_call`` of ``target`` on ``operands``; inside a ``shard_map`` its results
+    are typed as varying over the manual axes of its operands (jax_mok/kernels/vma.py)."""
+    out = jax.ffi.ffi_call(target, results, **options)(*operands, **attrs)
+    return vma.varying_like(out, *operands)
+
+
 def _backward_outs(x2d, topk_weights, w_gate_up, w_down):
     return tuple(_like(a) for a in (x2d, topk_weights, w_gate_up, w_down))
 
 
-def _no_vmap_of_gradients(axis_size, in_batched, *args):
+def no_vmap_of_gradients(axis_size, in_batched, *args):
     # Per-example weight gradients would need one kernel call per example; say so instead of
     # looping silently.
     raise NotImplementedError(
@@ -109,8 +117,8 @@ def moe_forward(kernel: KernelTuning):
     @jax.custom_batching.custom_vmap
     def forward(x2d, topk_ids, topk_weights, w_gate_up, w_down):
         attrs = _local_attributes("mok_moe_fwd", kernel, x2d, topk_ids, w_gate_up)
-        return jax.ffi.ffi_call("mok_moe_fwd", _like(x2d))(
-            x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
+        return _call("mok_moe_fwd", _like(x2d), x2d, topk_ids, topk_weights, w_gate_up, w_down,
+                     attrs=attrs)
 
     @forward.def_vmap
     def _(axis_size, in_batched, x2d, topk_ids, topk_weights, w_gate_up, w_down):
@@ -142,10 +150,10 @@ def moe_forward_train(kernel: KernelTuning):
         tk = topk_ids.shape[0] * topk_ids.shape[1]
         outs = (_like(x2d), jax.ShapeDtypeStruct((tk, w_gate_up.shape[-1]), x2d.dtype))
         attrs = _local_attributes("mok_moe_fwd_train", kernel, x2d, topk_ids, w_gate_up)
-        return jax.ffi.ffi_call("mok_moe_fwd_train", outs)(
-            x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
+        return _call("mok_moe_fwd_train", outs, x2d, topk_ids, topk_weights, w_gate_up, w_down,
+                     attrs=attrs)
 
-    forward_train.def_vmap(_no_vmap_of_gradients)
+    forward_train.def_vmap(no_vmap_of_gradients)
     return forward_train
 
 
@@ -158,10 +166,10 @@ def moe_backward(kernel: KernelTuning):
     def backward(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down):
         outs = _backward_outs(x2d, topk_weights, w_gate_up, w_down)
         attrs = _local_attributes("mok_moe_bwd", kernel, x2d, topk_ids, w_gate_up)
-        return jax.ffi.ffi_call("mok_moe_bwd", outs)(
-            dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, **attrs)
+        return _call("mok_moe_bwd", outs, dy, x2d, topk_ids, topk_weights, w_gate_up, w_down,
+                     attrs=attrs)
 
-    backward.def_vmap(_no_vmap_of_gradients)
+    backward.def_vmap(no_vmap_of_gradients)
     return backward
 
 
@@ -170,38 +178,62 @@ def moe_backward_saved(kernel: KernelTuning, dy, x2d, topk_ids, topk_weights, w_
     """``mok_moe_bwd_saved`` (CUDA): as :func:`moe_backward`, reading the saved ``h``."""
     outs = _backward_outs(x2d, topk_weights, w_gate_up, w_down)
     attrs = _local_attributes("mok_moe_bwd_saved", kernel, x2d, topk_ids, w_gate_up)
-    return jax.ffi.ffi_call("mok_moe_bwd_saved", outs)(
-        dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, h, **attrs)
+    return _call("mok_moe_bwd_saved", outs, dy, x2d, topk_ids, topk_weights, w_gate_up, w_down,
+                 h, attrs=attrs)
 
 
 # ------------------------------------------------------------------ expert parallelism
 
+@jax.custom_batching.custom_vmap
 def home_sum(buffer: jax.Array, home_row: jax.Array) -> jax.Array:
     """``mok_home_sum`` (CUDA): ``y [T, H]`` float32, ``y[t] = sum over d = 0..EP-1 with
     home_row[t, d] >= 0 of buffer[d, home_row[t, d]]`` in ascending ``d`` (``buffer [EP, R, H]``
-    bf16 / f32 with 16-byte rows, ``home_row [T, EP]`` int32)."""
+    bf16 / f32 with 16-byte rows, ``home_row [T, EP]`` int32). Under ``jax.vmap`` the batch is
+    folded into the rows and tokens: one call, the same sums in the same order."""
     out = jax.ShapeDtypeStruct((home_row.shape[0], buffer.shape[2]), jnp.float32)
-    return jax.ffi.ffi_call("mok_home_sum", out)(buffer, home_row)
+    return _call("mok_home_sum", out, buffer, home_row, attrs={})
+
+
+@home_sum.def_vmap
+def _home_sum_vmap(axis_size, in_batched, buffer, home_row):
+    batch = axis_size
+    if not in_batched[0]:
+        buffer = jnp.broadcast_to(buffer, (batch, *buffer.shape))
+    if not in_batched[1]:
+        home_row = jnp.broadcast_to(home_row, (batch, *home_row.shape))
+    ep, rows, hidden = buffer.shape[1:]
+    tokens = home_row.shape[1]
+    # Chunk d of the folded buffer is [batch 0's R rows, batch 1's, ...]: row r of batch b is
+    # row b * R + r there.
+    folded = jnp.moveaxis(buffer, 0, 1).reshape(ep, batch * rows, hidden)
+    offset = (jnp.arange(batch, dtype=jnp.int32) * rows)[:, None, None]
+    home = jnp.where(home_row >= 0, home_row + offset, -1).reshape(batch * tokens, ep)
+    return home_sum(folded, home).reshape(batch, tokens, hidden), True
+
+
+# The peer calls under jax.vmap run once per example, in order (vmap_method="sequential"): their
+# workspace is sized for one call's rows, and every rank issues the same sequence of calls.
+_PEER_VMAP = "sequential"
 
 
 def ep_dispatch(x, ids, w, workspace_id: int, phase: int, peer: PeerTuning):
     """``mok_ep_dispatch``: all-to-all over peer memory of ``x [EP, R, H]``, ``ids [EP, R, k]``
     int32, ``w [EP, R, k]`` float32: chunk ``d`` goes to rank ``d``, chunk ``s`` of each result
     came from rank ``s``. ``phase``: which exchange of a step (jax_mok.ep.peer)."""
-    call = jax.ffi.ffi_call("mok_ep_dispatch", tuple(_like(a) for a in (x, ids, w)),
-                            has_side_effect=True)
-    return call(x, ids, w, workspace_id=np.int64(workspace_id), phase=np.int32(phase),
-                **attributes("mok_ep_dispatch", peer=peer))
+    attrs = {"workspace_id": np.int64(workspace_id), "phase": np.int32(phase),
+             **attributes("mok_ep_dispatch", peer=peer)}
+    return _call("mok_ep_dispatch", tuple(_like(a) for a in (x, ids, w)), x, ids, w,
+                 attrs=attrs, has_side_effect=True, vmap_method=_PEER_VMAP)
 
 
 def ep_combine(rows, home_row, workspace_id: int, phase: int, peer: PeerTuning):
     """``mok_ep_combine``: ``rows [EP, R, H]`` (chunk ``s``: results for the rows rank ``s``
     sent here) go home and are summed per token in rank order -> ``y [T, H]`` float32."""
     T, H = home_row.shape[0], rows.shape[-1]
-    call = jax.ffi.ffi_call("mok_ep_combine", jax.ShapeDtypeStruct((T, H), jnp.float32),
-                            has_side_effect=True)
-    return call(rows, home_row, workspace_id=np.int64(workspace_id), phase=np.int32(phase),
-                **attributes("mok_ep_combine", peer=peer))
+    attrs = {"workspace_id": np.int64(workspace_id), "phase": np.int32(phase),
+             **attributes("mok_ep_combine", peer=peer)}
+    return _call("mok_ep_combine", jax.ShapeDtypeStruct((T, H), jnp.float32), rows, home_row,
+                 attrs=attrs, has_side_effect=True, vmap_method=_PEER_VMAP)
 
 
 def _fused_attributes(target: str, send_ids, w_gate_up, w_down, rows: int, tuning_kernel,
@@ -217,12 +249,12 @@ def ep_moe_forward(send_x, send_ids, send_w, home_row, w_gate_up, w_down, worksp
     rank's experts ``[E_loc, H, 2F]``, ``[E_loc, F, H]``)."""
     T, H = home_row.shape[0], send_x.shape[-1]
     ep, rows = send_x.shape[:2]
-    call = jax.ffi.ffi_call("mok_ep_moe_fwd", jax.ShapeDtypeStruct((T, H), jnp.float32),
-                            has_side_effect=True)
     attrs = _fused_attributes("mok_ep_moe_fwd", send_ids, w_gate_up, w_down, ep * rows, kernel,
                               peer)
-    return call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
-                workspace_id=np.int64(workspace_id), **attrs)
+    return _call("mok_ep_moe_fwd", jax.ShapeDtypeStruct((T, H), jnp.float32), send_x, send_ids,
+                 send_w, home_row, w_gate_up, w_down,
+                 attrs={"workspace_id": np.int64(workspace_id), **attrs}, has_side_effect=True,
+                 vmap_method=_PEER_VMAP)
 
 
 def ep_moe_forward_train(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
@@ -241,10 +273,10 @@ def ep_moe_forward_train(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
     target = "mok_ep_moe_fwd_train" if save else "mok_ep_moe_fwd_train_recompute"
     if save:
         outs += (jax.ShapeDtypeStruct((n * k, w_gate_up.shape[-1]), send_x.dtype),)
-    call = jax.ffi.ffi_call(target, outs, has_side_effect=True)
     attrs = _fused_attributes(target, send_ids, w_gate_up, w_down, n, kernel, peer)
-    results = call(send_x, send_ids, send_w, home_row, w_gate_up, w_down,
-                   workspace_id=np.int64(workspace_id), **attrs)
+    results = _call(target, outs, send_x, send_ids, send_w, home_row, w_gate_up, w_down,
+                    attrs={"workspace_id": np.int64(workspace_id), **attrs},
+                    has_side_effect=True, vmap_method=_PEER_VMAP)
     return tuple(results) if save else (*results, None)
 
 
@@ -258,10 +290,10 @@ def ep_moe_backward(dy_rows, x2d, ids2d, w2d, w_gate_up, w_down, h, workspace_id
             jax.ShapeDtypeStruct((*dy_rows.shape[:2], ids2d.shape[1]), jnp.float32),
             _like(w_gate_up), _like(w_down))
     target = "mok_ep_moe_bwd" if h is not None else "mok_ep_moe_bwd_recompute"
-    call = jax.ffi.ffi_call(target, outs, has_side_effect=True)
     attrs = _fused_attributes(target, ids2d, w_gate_up, w_down, x2d.shape[0], kernel, peer)
     operands = (dy_rows, x2d, ids2d, w2d, w_gate_up, w_down) + ((h,) if h is not None else ())
-    return call(*operands, workspace_id=np.int64(workspace_id), **attrs)
+    return _call(target, outs, *operands, attrs={"workspace_id": np.int64(workspace_id), **attrs},
+                 has_side_effect=True, vmap_method=_PEER_VMAP)
 
 
 # ------------------------------------------------------------------ FP8 (CUDA)
@@ -283,8 +315,8 @@ def fp8_forward(x_q, topk_ids, topk_weights, w_gate_up_q, w_down_q, recipe: str,
     code = np.int32(FP8_RECIPES[recipe])
     if save:
         h = jax.ShapeDtypeStruct((T * topk_ids.shape[1], 2 * F), dtype)
-        return jax.ffi.ffi_call("mok_moe_fwd_train_fp8", (y, h))(*operands, recipe=code)
-    return jax.ffi.ffi_call("mok_moe_fwd_fp8", y)(*operands, recipe=code), None
+        return _call("mok_moe_fwd_train_fp8", (y, h), *operands, attrs={"recipe": code})
+    return _call("mok_moe_fwd_fp8", y, *operands, attrs={"recipe": code}), None
 
 
 def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_down_bwd,
@@ -301,8 +333,8 @@ def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_do
                 *w_gate_up_bwd]
     code = np.int32(FP8_RECIPES[recipe])
     if h is not None:
-        return jax.ffi.ffi_call("mok_moe_bwd_saved_fp8", outs)(*operands, h, recipe=code)
-    return jax.ffi.ffi_call("mok_moe_bwd_fp8", outs)(*operands, recipe=code)
+        return _call("mok_moe_bwd_saved_fp8", outs, *operands, h, attrs={"recipe": code})
+    return _call("mok_moe_bwd_fp8", outs, *operands, attrs={"recipe": code})
 
 
 def quantize_rows(x, recipe: str):
@@ -337,5 +369,6 @@ __all__ = [
     "moe_backward_saved",
     "moe_forward",
     "moe_forward_train",
+    "no_vmap_of_gradients",
     "quantize_rows",
 ]
