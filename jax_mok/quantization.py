@@ -75,32 +75,42 @@ from jax_mok.fp8_format import (
 
 # --- blocking along axes ----------------------------------------------------------------------
 
-def _blocks_last(x32: jax.Array, block: int) -> jax.Array:
+def _blocks_last(x: jax.Array, block: int) -> jax.Array:
     """``[..., n]`` -> ``[..., ceil(n / block), block]``, zero-padded."""
-    n = x32.shape[-1]
+    n = x.shape[-1]
     pad = -n % block
     if pad:
-        x32 = jnp.pad(x32, [(0, 0)] * (x32.ndim - 1) + [(0, pad)])
-    return x32.reshape(*x32.shape[:-1], (n + pad) // block, block)
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+    return x.reshape(*x.shape[:-1], (n + pad) // block, block)
 
 
 def _unblock_last(blocked: jax.Array, n: int) -> jax.Array:
     return blocked.reshape(*blocked.shape[:-2], -1)[..., :n]
 
 
-def _tiles(x32: jax.Array, block: int) -> jax.Array:
+def _tiles(x: jax.Array, block: int) -> jax.Array:
     """``[..., r, c]`` -> ``[..., ceil(r/b), b, ceil(c/b), b]``, zero-padded."""
-    r, c = x32.shape[-2:]
-    pads = [(0, 0)] * (x32.ndim - 2) + [(0, -r % block), (0, -c % block)]
-    x32 = jnp.pad(x32, pads)
-    return x32.reshape(*x32.shape[:-2], x32.shape[-2] // block, block, x32.shape[-1] // block,
-                       block)
+    r, c = x.shape[-2:]
+    pads = [(0, 0)] * (x.ndim - 2) + [(0, -r % block), (0, -c % block)]
+    x = jnp.pad(x, pads)
+    return x.reshape(*x.shape[:-2], x.shape[-2] // block, block, x.shape[-1] // block, block)
 
 
 def _untile(tiled: jax.Array, r: int, c: int) -> jax.Array:
     lead = tiled.shape[:-4]
     rows = tiled.shape[-4] * tiled.shape[-3]
     return tiled.reshape(*lead, rows, -1)[..., :r, :c]
+
+
+def _amax_bits(blocks: jax.Array, axis) -> jax.Array:
+    """int32 float32 bits of ``max |blocks|`` over ``axis`` (``blocks`` in x's dtype). bfloat16
+    reduces its own 16 bits (ordered like the magnitudes, NaN above infinity; the float32 bits
+    are them shifted up 16), so the float32 copy of x has one consumer, the elementwise pass,
+    and XLA need not materialize it."""
+    if blocks.dtype == jnp.bfloat16:
+        bits16 = jax.lax.bitcast_convert_type(blocks, jnp.uint16).astype(jnp.int32) & 0x7FFF
+        return jnp.max(bits16, axis=axis) << 16
+    return jnp.max(abs_bits(to_float32(blocks)), axis=axis)
 
 
 def quantize_mxfp8(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
@@ -120,15 +130,23 @@ def quantize_mxfp8(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _quantize_mxfp8(x, axis: int):
-    x32 = jnp.moveaxis(to_float32(x), axis, -1)
-    blocks = _blocks_last(x32, MX_BLOCK)  # [..., nb, 32]
-    amax_bits = jnp.max(abs_bits(blocks), axis=-1)  # [..., nb]
+    # Blocks are formed in place (``[..., n, ...]`` -> ``[..., n/32, 32, ...]``), never by moving
+    # ``axis`` last: a transpose of the float32 copy is a full-size intermediate that XLA
+    # materializes (a weight quantized along a middle axis ran out of memory that way), while the
+    # in-place reduction and the elementwise pass read x as it lies.
+    n = x.shape[axis]
+    pad = -n % MX_BLOCK
+    if pad:
+        x = jnp.pad(x, [(0, pad if i == axis else 0) for i in range(x.ndim)])
+    shape = x.shape
+    blocks = x.reshape(*shape[:axis], shape[axis] // MX_BLOCK, MX_BLOCK, *shape[axis + 1:])
+    amax_bits = _amax_bits(blocks, axis + 1)  # [..., nb, ...]
     nonfinite = amax_bits >= NONFINITE_BITS
     e = mx_exponent(amax_bits)
-    values = mx_values(blocks, e[..., None], nonfinite[..., None])
-    values = _unblock_last(values, x32.shape[-1])
-    scales = e8m0_from_exponent(e, nonfinite)
-    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(scales, -1, axis)
+    values = mx_values(to_float32(blocks), jnp.expand_dims(e, axis + 1),
+                       jnp.expand_dims(nonfinite, axis + 1))
+    values = jax.lax.slice_in_dim(values.reshape(shape), 0, n, axis=axis)
+    return values, e8m0_from_exponent(e, nonfinite)
 
 
 def _check_dequantize(values, scales, fn, scale_dtype, expected_scales):
@@ -185,16 +203,15 @@ def quantize_fp8_block(x: jax.Array, block=(1, BLOCK)) -> tuple[jax.Array, jax.A
 
 @functools.partial(jax.jit, static_argnums=1)
 def _quantize_fp8_block(x, block: tuple[int, int]):
-    x32 = to_float32(x)
+    n = x.shape[-1]
     if block == (1, BLOCK):
-        blocks = _blocks_last(x32, BLOCK)
-        scale = block_scale(jnp.max(abs_bits(blocks), axis=-1))  # [..., nb]
-        values = _unblock_last(block_values(blocks, scale[..., None]), x32.shape[-1])
-        return values, scale
-    tiles = _tiles(x32, BLOCK)  # [..., nr, 128, nc, 128]
-    scale = block_scale(jnp.max(abs_bits(tiles), axis=(-3, -1)))  # [..., nr, nc]
-    values = block_values(tiles, scale[..., :, None, :, None])
-    return _untile(values, *x32.shape[-2:]), scale
+        blocks = _blocks_last(x, BLOCK)
+        scale = block_scale(_amax_bits(blocks, -1))  # [..., nb]
+        return _unblock_last(block_values(to_float32(blocks), scale[..., None]), n), scale
+    tiles = _tiles(x, BLOCK)  # [..., nr, 128, nc, 128]
+    scale = block_scale(_amax_bits(tiles, (-3, -1)))  # [..., nr, nc]
+    values = block_values(to_float32(tiles), scale[..., :, None, :, None])
+    return _untile(values, *x.shape[-2:]), scale
 
 
 def dequantize_fp8_block(values: jax.Array, scales: jax.Array, block=(1, BLOCK),
