@@ -22,7 +22,9 @@ recomputes the gate/up GEMM in the backward (jax_mok/ep/partitioned.py).
 The ``transport`` names how tokens travel: ``"xla"`` (``lax.all_to_all``, any backend);
 ``"peer"`` (NVLink peer memory, docs/peer-transport.md) only where
 :func:`jax_mok.ep.workspace.peer_transport_available` says so, with a concrete ``Mesh``;
-``"auto"`` (the default) picks ``"peer"`` where it is available, else ``"xla"``.
+``"auto"`` (the default) picks ``"peer"`` where it is available, else ``"xla"``. With
+``PeerTuning(check="deferred")`` (no host synchronization per call) :func:`check_peer` /
+:func:`peer_errors` report device-side errors on demand (:mod:`jax_mok.ep.errors`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from jax_mok.ep import (
     moe_expert_parallel,
     plan_for,
 )
+from jax_mok.ep.errors import check_peer, peer_errors
 from jax_mok.params import MoEParams
 
 # Logical names of the weight dims, as the Flax modules (jax_mok.nnx.MoE, jax_mok.linen.MoE)
@@ -133,10 +136,12 @@ __all__ = [
     "TRANSPORTS",
     "ExpertParallel",
     "check_expert_weights",
+    "check_peer",
     "expert_parallel",
     "logical_axis_rules",
     "logical_names",
     "moe_expert_parallel",
     "param_shardings",
+    "peer_errors",
     "plan_for",
 ]

@@ -3,7 +3,8 @@ around the same kernels.
 
 Modules, bottom-up: :mod:`~jax_mok.ep.pack` (capacity, dispatch indices, the send buffers and
 the fixed-order home sum), :mod:`~jax_mok.ep.meshes` (what is known at trace time about meshes
-and shardings), :mod:`~jax_mok.ep.workspace` (the peer transport's symmetric workspace),
+and shardings), :mod:`~jax_mok.ep.errors` (the peer transport's errors under the deferred
+check), :mod:`~jax_mok.ep.workspace` (the peer transport's symmetric workspace),
 :mod:`~jax_mok.ep.plan` (:class:`ExpertParallel`, the :func:`expert_parallel` context, the
 transport choice), :mod:`~jax_mok.ep.discover` (:func:`plan_for`: a call's plan from its
 arguments, the context, its inputs' shardings, the ambient mesh), :mod:`~jax_mok.ep.transport`

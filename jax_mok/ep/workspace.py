@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from jax_mok import tuning
+from jax_mok.ep import errors
 from jax_mok.ep.pack import buffer_rows
 from jax_mok.kernels import _ffi
 
@@ -382,6 +383,7 @@ def workspace_for(mesh, axis: str, spec: WorkspaceSpec, config=None, *,
                                                    handle)
                 module.workspace_finalize(ws_id, int(d.local_hardware_id))
         _WORKSPACES[key] = ws_id
+        errors.start_watchdog()  # deferred checks' errors are logged even if no call follows
         return ws_id
 
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -15,6 +17,12 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpMoeFwdTrainCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpMoeBwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpMoeFwdTrainRecomputeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MokEpMoeBwdRecomputeCuda);
+
+namespace mok::cuda::ep {
+// One message per (workspace, device) of this process whose error word is set or that an error
+// poisoned (host/peer_call.cu): what a deferred check reports, and _mok_cuda.peer_errors().
+std::vector<std::string> PendingErrors();
+}  // namespace mok::cuda::ep
 
 #ifdef __CUDACC__
 namespace mok::cuda::ep {

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
 
@@ -87,4 +88,7 @@ NB_MODULE(_mok_cuda, m) {
       nb::arg("id"), nb::arg("ordinal"), nb::arg("peer_rank"), nb::arg("handle"));
   m.def("workspace_finalize", &sym::Finalize, nb::arg("id"), nb::arg("ordinal"));
   m.def("workspace_free_all", &sym::FreeAll);
+  // Reads the mapped error words without synchronizing: safe from any thread at any time
+  // (the registry's lock orders it against workspace_free_all).
+  m.def("peer_errors", &mok::cuda::ep::PendingErrors);
 }

@@ -2,6 +2,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "common/env.h"
 #include "cuda/host/peer_call.h"
@@ -36,13 +37,47 @@ int ExchangeGrid(int64_t bytes_per_peer, int sms, int ctas_per_sm) {
   return static_cast<int>(wanted < most ? (wanted > 0 ? wanted : 1) : most);
 }
 
+std::string DescribeErrorCode(unsigned int code, int rank, int device, int64_t id,
+                              int64_t timeout_ms) {
+  const int phase = static_cast<int>((code - 1u) / 256u),
+            peer = static_cast<int>((code - 1u) % 256u);
+  if (phase == kEpochCheck)
+    return StrCat("jax_mok peer transport: rank ", rank, " (device ", device, ", workspace ", id,
+                  "): the device's exchange count differs from the host's (every exchange on a "
+                  "workspace must go through its handlers, each counted once); nothing was stored");
+  return StrCat(
+      "jax_mok peer transport: rank ", rank, " (device ", device, ") timed out waiting for rank ",
+      peer, " in phase ", PhaseName(phase), " (workspace ", id,
+      "): that rank never ran the matching call. Every rank of the expert axis must "
+      "run the same sequence of peer calls",
+      timeout_ms > 0 ? StrCat(" (the bound is the calls' timeout_ms attribute: ", timeout_ms,
+                              " ms for this one)")
+                     : std::string());
+}
+
+std::vector<std::string> PendingErrors() {
+  std::vector<std::string> out;
+  for (const symmetric::ErrorState& e : symmetric::Errors())
+    out.push_back(e.code != 0u ? DescribeErrorCode(e.code, e.rank, e.ordinal, e.id, 0)
+                               : e.poisoned);
+  return out;
+}
+
 ffi::Error PeerCall::Begin(const PeerOptions& options) {
   options_ = options;
   MOK_RETURN_IF_ERROR(env::Status());
   MOK_RETURN_IF_ERROR(GetDevice(device_, &device_info_));
   const std::string why = symmetric::Lookup(id_, device_, &view_);
   if (!why.empty()) return ffi::Error::Internal(StrCat("jax_mok peer transport: ", why));
-  return options_.sync_check ? ffi::Error::Success() : CheckErrorWord(false);
+  if (options_.sync_check) return ffi::Error::Success();
+  // Deferred check: an error any earlier call left, on this workspace (which it poisons) or on
+  // any other of this process (a rank whose partner failed must not go on as if nothing happened).
+  MOK_RETURN_IF_ERROR(CheckErrorWord(false));
+  const std::vector<std::string> pending = PendingErrors();
+  if (pending.empty()) return ffi::Error::Success();
+  return ffi::Error::Internal(
+      StrCat("an earlier peer call failed (deferred check): ", pending[0],
+             pending.size() > 1 ? " (and more: jax_mok.peer_errors())" : ""));
 }
 
 ffi::Error PeerCall::CheckErrorWord(bool sync) {
@@ -57,21 +92,7 @@ ffi::Error PeerCall::CheckErrorWord(bool sync) {
   }
   const unsigned int code = *v.error_host;
   if (code == 0u) return ffi::Error::Success();
-  const int phase = static_cast<int>((code - 1u) / 256u),
-            peer = static_cast<int>((code - 1u) % 256u);
-  const std::string message =
-      phase == kEpochCheck
-          ? StrCat("jax_mok peer transport: rank ", v.rank, " (device ", device_, ", workspace ",
-                   id_,
-                   "): the device's exchange count differs from the host's (every exchange on a "
-                   "workspace must go through its handlers, each counted once); nothing was stored")
-          : StrCat("jax_mok peer transport: rank ", v.rank, " (device ", device_,
-                   ") timed out waiting for rank ", peer, " in phase ", PhaseName(phase),
-                   " (workspace ", id_,
-                   "): that rank never ran the matching call. Every rank of the expert axis must "
-                   "run the same sequence of peer calls (the bound is the calls' timeout_ms "
-                   "attribute: ",
-                   options_.timeout_ms, " ms for this one)");
+  const std::string message = DescribeErrorCode(code, v.rank, device_, id_, options_.timeout_ms);
   symmetric::Poison(id_, device_, message);
   return ffi::Error::Internal(message);
 }

@@ -12,9 +12,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "common/check.h"
 #include "cuda/device/exchange.cuh"
+#include "cuda/handlers/ep.h"
 #include "cuda/host/device.h"
 #include "cuda/host/symmetric.h"
 
@@ -37,6 +40,13 @@ ffi::Error ReadPeerOptions(int32_t copy_engine, int32_t sync_check, int64_t time
 // CTAs for a grid-stride pass over `bytes_per_peer` (16-byte vectors, kThreads per CTA), at most
 // ctas_per_sm per SM so that every CTA of the grid is co-resident (exchange.cuh).
 int ExchangeGrid(int64_t bytes_per_peer, int sms, int ctas_per_sm);
+
+// The message of an error word's code (exchange.cuh: 1 + phase * 256 + peer) on (id, device);
+// timeout_ms > 0 names the bound of the failed call.
+std::string DescribeErrorCode(unsigned int code, int rank, int device, int64_t id,
+                              int64_t timeout_ms);
+// PendingErrors() (declared in handlers/ep.h for the Python module) lists symmetric::Errors()
+// with these messages.
 
 // `n` rounded up to the alignment of a field inside an area (symmetric::kFieldAlign = 16).
 inline int64_t Pad16(int64_t n) {

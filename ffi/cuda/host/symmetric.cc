@@ -160,6 +160,18 @@ void Poison(int64_t id, int ordinal, const std::string& message) {
                                   " is unusable now; jax_mok.workspace.reset() frees it]");
 }
 
+std::vector<ErrorState> Errors() {
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<ErrorState> out;
+  for (const auto& [key, e] : registry) {
+    const unsigned int code =
+        e->error_host ? *static_cast<volatile unsigned int*>(e->error_host) : 0u;
+    if (code == 0u && e->poisoned.empty()) continue;
+    out.push_back(ErrorState{key.first, key.second, e->rank, code, e->poisoned});
+  }
+  return out;
+}
+
 bool CanAccessPeer(int a, int b) {
   int access = 0, atomics = 0;
   if (cudaDeviceCanAccessPeer(&access, a, b) != cudaSuccess) return false;

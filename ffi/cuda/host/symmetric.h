@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mok::cuda::symmetric {
 
@@ -57,6 +58,20 @@ std::string Lookup(int64_t id, int ordinal, View* view);
 unsigned long long NextExchange(int64_t id, int ordinal);
 // Records that a call on (id, ordinal) failed: later calls fail at once with `message`.
 void Poison(int64_t id, int ordinal, const std::string& message);
+
+// A (workspace, device) with an error: the error word a kernel set (code != 0; read from the
+// mapped pinned word without synchronizing, so a kernel still running may set it later) or the
+// message of a call that failed on it (`poisoned`).
+struct ErrorState {
+  int64_t id = 0;
+  int ordinal = -1;
+  int rank = -1;
+  unsigned int code = 0;
+  std::string poisoned;
+};
+// Every registered (workspace, device) with an error, in (id, ordinal) order. Takes the registry
+// lock, so it never reads a word that FreeAll is releasing.
+std::vector<ErrorState> Errors();
 
 // Bootstrap, called from Python (errors are thrown as std::runtime_error naming the values).
 // Whether ordinals a and b can use each other's memory with native atomics (our NVLink test).
