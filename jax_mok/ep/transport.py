@@ -5,7 +5,9 @@ every token of this device, summed per token in destination order), and does not
 depend on which transport it holds.
 
 - :class:`XlaTransport`: ``lax.all_to_all`` there and back, this device's kernels in between,
-  the fixed-order home sum (:func:`jax_mok.ep.pack.home_sum`). Any backend.
+  the fixed-order home sum (:func:`jax_mok.ep.pack.home_sum`). Any backend. With an FP8 recipe
+  the rows to the experts (x forward, dy backward) travel quantized
+  (:mod:`jax_mok.ep.quantized`); results come home in x's dtype and add up in float32.
 - :class:`jax_mok.ep.peer.PeerTransport`: NVLink peer memory (docs/peer-transport.md).
 """
 
@@ -16,6 +18,7 @@ from typing import Protocol
 
 import jax
 
+from jax_mok.ep import quantized
 from jax_mok.ep.pack import Packed, home_sum
 from jax_mok.kernels import autodiff, fp8
 from jax_mok.tuning import Tuning
@@ -38,7 +41,7 @@ def experts_on_rows(recv_x: jax.Array, recv_ids: jax.Array, recv_w: jax.Array,
     ``[EP, R, k]``; local expert ids, -1 skipped) → ``[EP, R, H]``: each row's local experts
     summed; padding rows (every id -1) give zeros. With ``quantization`` the FP8 layer
     (:mod:`jax_mok.kernels.fp8`; its weight-gradient token blocks follow the received rows'
-    order)."""
+    order), in ``recv_x``'s dtype: float32 for rows that travelled quantized."""
     ep, rows, H = recv_x.shape
     args = (recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
             recv_w.reshape(ep * rows, -1), w_gate_up, w_down)
@@ -69,11 +72,19 @@ class XlaTransport:
     quantization: str | None = None
 
     def experts(self, packed: Packed, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
-        received = (jax.lax.all_to_all(a, self.axis, 0, 0, tiled=True)  # [EP, R, ...]
-                    for a in (packed.x, packed.ids, packed.weights))
-        out = experts_on_rows(*received, w_gate_up, w_down, self.implementation,
-                              self.save_activations, self.tuning, self.quantization)
-        back = jax.lax.all_to_all(out, self.axis, 0, 0, tiled=True)
+        recipe = self.quantization
+        if recipe is None:
+            recv_x = jax.lax.all_to_all(packed.x, self.axis, 0, 0, tiled=True)  # [EP, R, H]
+        else:  # FP8 values and scales travel; the FP8 layer runs on float32 deq(Q(x)) rows
+            recv_x = quantized.dispatch_rows(packed.x, self.axis, recipe)
+        routing = [jax.lax.all_to_all(a, self.axis, 0, 0, tiled=True)  # [EP, R, k]
+                   for a in (packed.ids, packed.weights)]
+        out = experts_on_rows(recv_x, *routing, w_gate_up, w_down, self.implementation,
+                              self.save_activations, self.tuning, recipe)
+        if recipe is None:
+            back = jax.lax.all_to_all(out, self.axis, 0, 0, tiled=True)
+        else:  # out float32 -> home in x's dtype; its cotangent dy travels quantized
+            back = quantized.return_rows(out, self.axis, recipe, packed.x.dtype)
         return home_sum(back, packed.row, packed.sent, packed.token_of_row, packed.padding)
 
 

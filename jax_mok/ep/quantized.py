@@ -1,0 +1,113 @@
+"""FP8 travel of the XLA transport's token rows (``MoEConfig.quantization`` set): the rows cross
+the expert axis as the recipe's activation operand of the gate/up GEMM, values ``float8_e4m3fn``
+and scales (fp8_block: 1 x 128 blocks, float32 scales; mxfp8: 1 x 32 blocks, E8M0 scales; the
+quantizers of :mod:`jax_mok.quantization`), about half the bytes of bfloat16 rows.
+
+- :func:`dispatch_rows`: packed ``x`` rows ``[EP, R, H]`` quantized along H, both parts
+  all_to_all'd, dequantized to float32 on the receiver. Backward: straight through, the
+  cotangent cast to x's dtype and all_to_all'd back (exactly today's unquantized transpose).
+- :func:`return_rows`: the experts' float32 results cast to x's dtype and all_to_all'd home,
+  unquantized (the combine, :func:`jax_mok.ep.pack.home_sum`, then adds them in float32).
+  Backward: the ``dy`` rows on their way to the expert devices travel quantized along H the
+  same way, and arrive as float32 ``deq(Q(dy))``.
+
+Requantization is idempotent in dequantized values: for ``d = deq(Q(t))``, ``deq(Q(d)) == d``
+bitwise. fp8_block: the block max quantizes to 448, and ``fl(fl(448 * s) / 448) == s`` for
+every ``s = fl(amax / 448)`` (checked exhaustively over float32 mantissas), so the scales and
+values come back bitwise. mxfp8: ``d = v * 2**e`` exactly; where the block max ``v`` rounded
+down (e.g. to 224 or less), requantization picks a smaller ``e'`` and values ``v * 2**(e - e')``,
+which E4M3 holds exactly (no value exceeds 448), so the scales may differ but ``deq`` does not.
+(Except where ``d`` is already infinite: mxfp8 rounds ``|t| >= 248 * 2**120`` up to ``2**128``,
+for the single-device layer's operand alike.)
+tests/test_ep_fp8_rows.py checks both. Hence the FP8 layer that quantizes the received rows
+(and the received ``dy``) again sees the same GEMM operands as the single-device layer: the
+forward and the data gradients' operands are the single-device ones.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_mok import quantization
+from jax_mok.kernels import vma
+from jax_mok.kernels.fp8 import quantize_rows
+
+
+def _all_to_all(a: jax.Array, axis: str) -> jax.Array:
+    return jax.lax.all_to_all(a, axis, 0, 0, tiled=True)
+
+
+def _all_to_all_bytes(a: jax.Array, axis: str) -> jax.Array:
+    """:func:`_all_to_all` of a one-byte float array as uint8 bits: collectives of every backend
+    move uint8 (XLA:CPU widens float8 collectives to float16, and not every backend's
+    collectives know float8_e8m0fnu)."""
+    bits = jax.lax.bitcast_convert_type(a, jnp.uint8)
+    return jax.lax.bitcast_convert_type(_all_to_all(bits, axis), a.dtype)
+
+
+def dequantize_rows(values: jax.Array, scales: jax.Array, recipe: str) -> jax.Array:
+    """float32 ``deq`` of :func:`jax_mok.kernels.fp8.quantize_rows`'s ``(values, scales)``
+    (blocks along the last axis)."""
+    if recipe == "mxfp8":
+        return quantization.dequantize_mxfp8(values, scales, axis=-1)
+    return quantization.dequantize_fp8_block(values, scales)
+
+
+def travel_quantized(rows: jax.Array, axis: str, recipe: str) -> jax.Array:
+    """``rows [EP, R, H]`` quantized along H, values and scales all_to_all'd over ``axis``,
+    dequantized: float32 ``[EP, R, H]``, the received ``deq(Q(rows))``."""
+    ep, r, h = rows.shape
+    values, scales = quantize_rows(rows.reshape(ep * r, h), recipe)
+    values = _all_to_all_bytes(values.reshape(ep, r, h), axis)
+    scales = scales.reshape(ep, r, -1)
+    scales = (_all_to_all_bytes if scales.dtype.itemsize == 1 else _all_to_all)(scales, axis)
+    return dequantize_rows(values, scales, recipe)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def dispatch_rows(rows: jax.Array, axis: str, recipe: str) -> jax.Array:
+    """The packed rows ``[EP, R, H]`` (x's dtype) at their experts' devices as float32
+    ``deq(Q(rows))`` (module docstring); the gradient is straight through."""
+    return travel_quantized(rows, axis, recipe)
+
+
+def _dispatch_fwd(rows, axis, recipe):
+    # A zero-size slice carries the rows' dtype and (inside shard_map) their vma type.
+    return travel_quantized(rows, axis, recipe), rows.reshape(-1)[:0]
+
+
+def _dispatch_bwd(axis, recipe, like, ct):
+    del recipe
+    back = _all_to_all(ct.astype(like.dtype), axis)
+    return (vma.cotangent_like(back, like),)
+
+
+dispatch_rows.defvjp(_dispatch_fwd, _dispatch_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def return_rows(out: jax.Array, axis: str, recipe: str, dtype) -> jax.Array:
+    """The experts' results ``out [EP, R, H]`` float32, home in ``dtype`` (x's); the cotangent
+    travels quantized (module docstring)."""
+    del recipe
+    return _all_to_all(out.astype(dtype), axis)
+
+
+def _return_fwd(out, axis, recipe, dtype):
+    del recipe
+    return _all_to_all(out.astype(dtype), axis), out.reshape(-1)[:0]
+
+
+def _return_bwd(axis, recipe, dtype, like, ct):
+    del dtype
+    dy = travel_quantized(ct, axis, recipe).astype(like.dtype)
+    return (vma.cotangent_like(dy, like),)
+
+
+return_rows.defvjp(_return_fwd, _return_bwd)
+
+
+__all__ = ["dequantize_rows", "dispatch_rows", "return_rows", "travel_quantized"]
