@@ -25,8 +25,10 @@ Common rules
   if ``m <= 0.875`` else ``q - 8``; clamped to ``[-127, 127]``; ``amax == 0`` (or subnormal)
   gives ``e = -127``. Values: ``x32 * 2**-e`` exactly, clipped, cast to E4M3 (RNE).
   Dequantize: ``values.astype(float32) * 2**e``, exact: every E4M3 value times ``2**e``,
-  ``-127 <= e <= 127``, is a float32 (subnormal results included; overflow to infinity only for
-  ``e > 120``, which quantize never produces from float32 input). Byte 0xFF dequantizes to NaN.
+  ``-127 <= e <= 127``, is a float32 (subnormal results included) unless ``|v| * 2**e >= 2**128``,
+  which is infinity: from finite float32 input that happens only in blocks with ``e = 120`` whose
+  values round to ``|v| >= 256``, i.e. ``|x| >= 248 * 2**120`` (about 3.3e38). Byte 0xFF
+  dequantizes to NaN.
 
 ``"fp8_block"`` — float32 scales; activations in 1 x 128 blocks along the last axis, weights in
   128 x 128 blocks over the last two axes.
