@@ -20,9 +20,10 @@ import math
 import os
 import pathlib
 import shlex
-import subprocess
 import sys
 import time
+
+from benchmarks.run import git_commit
 
 GIB = 2**30
 # Per token per layer, bytes kept for the backward in bf16 (estimates for the automatic layer
@@ -63,16 +64,6 @@ def parse_args(argv):
                    help="tiny dims for a CPU smoke run (H=64, F=32, E=8, k=2, 2 layers, seq 32)")
     p.add_argument("--out", default="e2e-out", help="output directory")
     return p.parse_args(argv)
-
-
-def _commit() -> str:
-    if os.environ.get("JAX_MOK_GIT_COMMIT"):
-        return os.environ["JAX_MOK_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _is_oom(err: Exception) -> bool:
@@ -252,7 +243,7 @@ def main(argv=None) -> dict:
     result = {
         "command": "python -m benchmarks.e2e.run " + shlex.join(sys.argv[1:] if argv is None
                                                                else argv),
-        "commit": _commit(),
+        "commit": git_commit() or "unknown",
         "machine": {"devices": n_devices, "device_kind": devices[0].device_kind,
                     "platform": platform, "jax": jax.__version__, "flax": flax.__version__},
         "config": dataclasses.asdict(cfg), "batch": args.batch, "steps": args.steps,
