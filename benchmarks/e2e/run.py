@@ -110,6 +110,7 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
 
     from benchmarks.e2e import model as m
     from benchmarks.peers_jax import b2_capacity
+    from benchmarks.timing import summarize, time_steps
     from jax_mok.optim import weight_decay_mask
 
     record = {"variant": variant, "text": m.VARIANT_TEXT[variant], "batch": batch}
@@ -168,26 +169,26 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     compiled = step.lower(state, batches[0]).compile()
     record["compile_s"] = time.perf_counter() - t0
     log(f"{variant}: compiled in {record['compile_s']:.1f} s")
-    times, losses, dropped = [], [], 0
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+    outputs = []  # (loss, dropped) of every step, warm-ups first
+
+    def step(i: int) -> None:
+        nonlocal state
         state, loss, drop = compiled(state, batches[i % 2])
         jax.block_until_ready((state, loss))
-        elapsed = time.perf_counter() - t0
-        losses.append(float(loss))
-        if i >= args.warmup:
-            times.append(elapsed)
-            dropped += int(drop)
-        log(f"{variant}: step {i + 1}/{args.warmup + args.steps} "
-            f"{'(warm-up) ' if i < args.warmup else ''}{1e3 * elapsed:.1f} ms, loss "
-            f"{losses[-1]:.4f}")
-    del state, compiled
+        outputs.append((loss, drop))
+
+    log(f"{variant}: {args.warmup} warm-up and {args.steps} timed steps")
+    stats = summarize(time_steps(step, warmup=args.warmup, iters=args.steps))
+    losses = [float(loss) for loss, _ in outputs]
+    dropped = sum(int(drop) for _, drop in outputs[args.warmup:])
+    for i, ms in enumerate(stats["times_ms"]):
+        log(f"{variant}: timed step {i + 1}/{args.steps} {ms:.1f} ms, loss "
+            f"{losses[args.warmup + i]:.4f}")
     tokens = global_batch * cfg.seq
-    median = float(np.median(times))
     record.update(
-        status="ok", step_ms=[1e3 * t for t in times], step_ms_median=1e3 * median,
-        tokens_per_s=tokens / median, losses=losses,
-        dropped_fraction=dropped / (len(times) * tokens * cfg.top_k * cfg.layers))
+        status="ok", step_ms=stats["times_ms"], step_ms_median=stats["median_ms"],
+        tokens_per_s=tokens / (stats["median_ms"] * 1e-3), losses=losses,
+        dropped_fraction=dropped / (args.steps * tokens * cfg.top_k * cfg.layers))
     record["mfu"] = record["tokens_per_s"] * cfg.flops_per_token()["train"] / (
         ceiling * 1e12 * n_devices)
     log(f"{variant}: median {record['step_ms_median']:.1f} ms, "
