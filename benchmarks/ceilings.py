@@ -115,57 +115,58 @@ def _attempt(details: dict, name: str, fn, *args) -> None:
         details[name] = result
 
 
+def _matmuls(details: dict, precision: str, n: int, warmup: int, iters: int,
+             gpu: bool) -> str | None:
+    """Runs the dense ``n^3`` matmuls of ``precision`` into ``details`` (:func:`_attempt`): XLA,
+    and on a GPU torch where present. Returns the name of the fastest that ran, or None."""
+    if precision == "bf16":
+        runs = {"jax_matmul": (_jax_matmul, n, jnp.bfloat16, warmup, iters)}
+        if gpu:
+            runs["torch_matmul"] = (_torch_matmul, n, warmup, iters)
+    elif precision == "fp8":
+        runs = {"jax_fp8_matmul": (_jax_matmul, n, jnp.float8_e4m3fn, warmup, iters,
+                                   jnp.bfloat16)}
+        if gpu and _torch_available():
+            runs["torch_fp8_matmul"] = (_torch_fp8_matmul, n, warmup, iters)
+    else:
+        raise ValueError(f"precision must be 'bf16' or 'fp8', got {precision!r}")
+    for name, (fn, *args) in runs.items():
+        _attempt(details, name, fn, *args)
+    timed = {name: details[name]["tflops"] for name in runs if name in details}
+    return max(timed, key=timed.get) if timed else None
+
+
 def matmul_ceiling(precision: str, n: int = 8192, warmup: int = 3, iters: int = 20) -> dict:
     """``{"tflops", "source", "n"}``: the best dense ``n^3`` matmul of ``precision`` ("bf16" or
     "fp8") on the default device, XLA and (on a GPU, where present) torch, as in
     :func:`measure`; tools/kernel_timings.py prints its rows against it."""
-    if precision not in ("bf16", "fp8"):
-        raise ValueError(f"precision must be 'bf16' or 'fp8', got {precision!r}")
-    gpu = jax.default_backend() == "gpu"
     details: dict = {}
-    if precision == "bf16":
-        _attempt(details, "jax_matmul", _jax_matmul, n, jnp.bfloat16, warmup, iters)
-        if gpu:
-            _attempt(details, "torch_matmul", _torch_matmul, n, warmup, iters)
-    else:
-        _attempt(details, "jax_fp8_matmul", _jax_matmul, n, jnp.float8_e4m3fn, warmup, iters,
-                 jnp.bfloat16)
-        if gpu and _torch_available():
-            _attempt(details, "torch_fp8_matmul", _torch_fp8_matmul, n, warmup, iters)
-    timed = {k: v["tflops"] for k, v in details.items() if not k.endswith("_error")}
-    if not timed:
+    source = _matmuls(details, precision, n, warmup, iters, jax.default_backend() == "gpu")
+    if source is None:
         raise RuntimeError(f"no {precision} matmul ran: {details}")
-    source = max(timed, key=timed.get)
-    return {"tflops": timed[source], "source": source, "n": n}
+    return {"tflops": details[source]["tflops"], "source": source, "n": n}
 
 
 def measure(*, platform: str, quick: bool, warmup: int, iters: int) -> dict:
     """``{"matmul_tflops", "fp8_matmul_tflops", "hbm_gbps", "details"}`` for this device.
 
     GPU: 8192^3 matmuls and a 2 GiB copy. CPU: 1024^3 (512^3 quick) and 256 MiB (64 MiB),
-    enough to give the CPU numbers a scale, nothing more. ``fp8_matmul_tflops`` is None when no
-    FP8 matmul ran (its error is in ``details``).
+    enough to give the CPU numbers a scale, nothing more. Raises when no bf16 matmul ran;
+    ``fp8_matmul_tflops`` is None when no FP8 matmul ran (the errors are in ``details``).
     """
     if platform == "gpu":
         n, copy_bytes = 8192, 2 * 2**30
     else:
         n, copy_bytes = (512, 64 * 2**20) if quick else (1024, 256 * 2**20)
-    details: dict = {"matmul_n": n, "jax_matmul": _jax_matmul(n, jnp.bfloat16, warmup, iters)}
-    if platform == "gpu":
-        _attempt(details, "torch_matmul", _torch_matmul, n, warmup, iters)
-    _attempt(details, "jax_fp8_matmul", _jax_matmul, n, jnp.float8_e4m3fn, warmup, iters,
-             jnp.bfloat16)
-    if platform == "gpu" and _torch_available():
-        _attempt(details, "torch_fp8_matmul", _torch_fp8_matmul, n, warmup, iters)
+    details: dict = {"matmul_n": n}
+    bf16 = _matmuls(details, "bf16", n, warmup, iters, platform == "gpu")
+    if bf16 is None:
+        raise RuntimeError(f"no bf16 matmul ran: {details}")
+    fp8 = _matmuls(details, "fp8", n, warmup, iters, platform == "gpu")
     details["jax_copy"] = _jax_copy(copy_bytes, warmup, iters)
-
-    def best(names):
-        found = [details[k]["tflops"] for k in names if k in details]
-        return max(found) if found else None
-
     return {
-        "matmul_tflops": best(("jax_matmul", "torch_matmul")),
-        "fp8_matmul_tflops": best(("jax_fp8_matmul", "torch_fp8_matmul")),
+        "matmul_tflops": details[bf16]["tflops"],
+        "fp8_matmul_tflops": details[fp8]["tflops"] if fp8 else None,
         "hbm_gbps": details["jax_copy"]["gbps"],
         "details": details,
     }

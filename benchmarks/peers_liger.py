@@ -124,16 +124,10 @@ class LigerRunner(TorchRunner):
         self.sets = sets
 
     def run(self, i: int, dy=None):
-        """Runs set ``i``; returns ``y`` or ``(y, (dx, d_w, d_w_gate_up, d_w_down))`` with the
-        weight gradients as ``[E, H, 2F]`` / ``[E, F, H]`` views of Liger's ``[E, 2F, H]`` /
-        ``[E, H, F]``."""
-        torch = self.torch
-        x, ids, tw, gu, dn, set_dy = self.sets[i % len(self.sets)]
+        """:meth:`TorchRunner.run` on Liger's sets, with the weight gradients returned as
+        ``[E, H, 2F]`` / ``[E, F, H]`` views of Liger's ``[E, 2F, H]`` / ``[E, H, F]``."""
+        out = super().run(i, dy)
         if self.passname == "fwd":
-            with torch.no_grad():
-                return self.fn(x, ids, tw, gu, dn)
-        leaves = [t.detach().requires_grad_(True) for t in (x, tw, gu, dn)]
-        y = self.fn(leaves[0], ids, leaves[1], leaves[2], leaves[3])
-        dx, dtw, dgu, ddn = torch.autograd.grad(y, leaves,
-                                                grad_outputs=set_dy if dy is None else dy)
-        return y.detach(), (dx, dtw, dgu.transpose(1, 2), ddn.transpose(1, 2))
+            return out
+        y, (dx, dtw, dgu, ddn) = out
+        return y, (dx, dtw, dgu.transpose(1, 2), ddn.transpose(1, 2))

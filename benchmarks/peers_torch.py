@@ -36,28 +36,43 @@ def unavailable_reason(platform: str) -> str | None:
     return "no CUDA (set JAX_MOK_BENCH_TORCH_CPU=1 to run B3 on the CPU anyway)"
 
 
+def group_by_expert(ids, num_experts: int):
+    """``(order, offsets, token)`` of ``ids [T, k]``: the flat assignments grouped by expert
+    (stable), each expert's group end (int32, as the grouped GEMMs want) and each grouped row's
+    token."""
+    import torch
+
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    return order, offsets, order // ids.shape[1]
+
+
+def combine(out, topk_weights, order, token, like):
+    """``y`` (``like``'s shape and dtype): the grouped rows ``out [T*k, H]`` weighted by their
+    routing weights and added per token in float32 (``index_add_``)."""
+    import torch
+
+    w = topk_weights.reshape(-1).index_select(0, order)
+    y = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
+    y.index_add_(0, token, out.float() * w[:, None])
+    return y.to(like.dtype)
+
+
 def routed_experts(x, ids, topk_weights, w_gate_up, w_down):
     """``y [T, H]`` (x's dtype) from ``x [T, H]``, ``ids [T, k] int64``, ``topk_weights [T, k]
     float32``, ``w_gate_up [E, H, 2F]``, ``w_down [E, F, H]`` (torch tensors, one device)."""
     import torch
     import torch.nn.functional as nnf
 
-    T, k = ids.shape
-    E, H, two_f = w_gate_up.shape
-    F = two_f // 2
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # assignments grouped by expert
-    counts = torch.bincount(flat, minlength=E)
-    offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # group ends, as _grouped_mm wants
-    token = order // k
+    F = w_gate_up.shape[2] // 2
+    order, offsets, token = group_by_expert(ids, w_gate_up.shape[0])
     rows = x.index_select(0, token)  # [T*k, H]
     h = torch._grouped_mm(rows, w_gate_up, offs=offsets)  # [T*k, 2F]
     a = nnf.silu(h[:, :F]) * h[:, F:]
     out = torch._grouped_mm(a, w_down, offs=offsets)  # [T*k, H]
-    w = topk_weights.reshape(-1).index_select(0, order)
-    y = torch.zeros((T, H), dtype=torch.float32, device=x.device)
-    y.index_add_(0, token, out.float() * w[:, None])
-    return y.to(x.dtype)
+    return combine(out, topk_weights, order, token, x)
 
 
 class TorchRunner:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 
+from benchmarks.peers_torch import combine, group_by_expert
+
 E4M3_MAX = 448.0
 ROW_ALIGN = 1  # rows per group need no padding (module docstring)
 # The weights are quantized a group of experts at a time so that the float32 temporaries stay
@@ -97,18 +99,12 @@ def scaled_grouped_mm(a, b, scale_a, scale_b, offs):
 
 def routed_experts(x, ids, topk_weights, w_gate_up, w_down):
     """B3-fp8: ``y [T, H]`` (x's dtype) from ``x [T, H]``, ``ids [T, k] int64``,
-    ``topk_weights [T, k] float32``, ``w_gate_up [E, H, 2F]``, ``w_down [E, F, H]``."""
-    import torch
+    ``topk_weights [T, k] float32``, ``w_gate_up [E, H, 2F]``, ``w_down [E, F, H]``; B3's
+    grouping and combine (:mod:`benchmarks.peers_torch`) around the two FP8 GEMMs."""
     import torch.nn.functional as nnf
 
-    T, k = ids.shape
-    E, H, two_f = w_gate_up.shape
-    F = two_f // 2
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # assignments grouped by expert
-    counts = torch.bincount(flat, minlength=E)
-    offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # group ends
-    token = order // k
+    F = w_gate_up.shape[2] // 2
+    order, offsets, token = group_by_expert(ids, w_gate_up.shape[0])
     x_q, x_scale = quantize_rows(x)  # per token: the same bits as quantizing each routed row
     gu_q, gu_scale = quantize_columns(w_gate_up)
     h = scaled_grouped_mm(x_q.index_select(0, token), gu_q, x_scale.index_select(0, token),
@@ -117,10 +113,7 @@ def routed_experts(x, ids, topk_weights, w_gate_up, w_down):
     a_q, a_scale = quantize_rows(a)
     dn_q, dn_scale = quantize_columns(w_down)
     out = scaled_grouped_mm(a_q, dn_q, a_scale, dn_scale, offsets)  # [T*k, H] bf16
-    w = topk_weights.reshape(-1).index_select(0, order)
-    y = torch.zeros((T, H), dtype=torch.float32, device=x.device)
-    y.index_add_(0, token, out.float() * w[:, None])
-    return y.to(x.dtype)
+    return combine(out, topk_weights, order, token, x)
 
 
 @functools.cache

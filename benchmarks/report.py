@@ -19,11 +19,6 @@ STATUS_LABEL = {"OOM": "OOM", "check_failed": "check ✗", "error": "error", "cr
 _GRAD_NAMES = ("dx", "d_topk_weights", "d_w_gate_up", "d_w_down")
 
 
-def _ceiling_of(record: dict, ceilings: dict) -> float | None:
-    key = "fp8_matmul_tflops" if record.get("precision") == "fp8" else "matmul_tflops"
-    return ceilings.get(key)
-
-
 def derive(records: list[dict], ceilings: dict | None) -> None:
     """Adds % of the matmul ceiling of the row's precision, the roofline (``roofline.py``) and
     % of it, and the touched-weight bandwidth (bytes of the weights read / time)."""
@@ -31,7 +26,7 @@ def derive(records: list[dict], ceilings: dict | None) -> None:
     for r in records:
         if r.get("status") != "ok":
             continue
-        ceiling = _ceiling_of(r, ceilings)
+        ceiling = roofline.ceiling_tflops(r, ceilings)
         if ceiling:
             r["pct_matmul_ceiling"] = 100 * r["tflops"] / ceiling
         if "experts_touched" in r:

@@ -20,6 +20,13 @@ slightly: % of roofline above 100 % means the bound, not the kernel, is off.
 from __future__ import annotations
 
 
+def ceiling_tflops(record: dict, ceilings: dict) -> float | None:
+    """The measured matmul ceiling (TFLOP/s) of the record's precision: FP8 for FP8 rows, else
+    bf16; None when it was not measured."""
+    return ceilings.get("fp8_matmul_tflops" if record.get("precision") == "fp8"
+                        else "matmul_tflops")
+
+
 def moved_bytes(record: dict) -> float:
     """Bytes that must move for one record (module docstring). Needs the record's ``pass``,
     ``tokens``, ``hidden``, ``top_k``, ``experts``, ``x_itemsize``, ``experts_touched``,
@@ -37,8 +44,7 @@ def roofline(record: dict, ceilings: dict) -> dict | None:
     """``{"roofline_ms", "roofline_bound", "moved_bytes", "ceiling_tflops"}`` for an "ok"
     record, or None when a ceiling it needs was not measured. ``roofline_bound`` is "compute"
     or "memory": which term is larger."""
-    tflops = ceilings.get("fp8_matmul_tflops" if record.get("precision") == "fp8"
-                          else "matmul_tflops")
+    tflops = ceiling_tflops(record, ceilings)
     gbps = ceilings.get("hbm_gbps")
     if not tflops or not gbps:
         return None

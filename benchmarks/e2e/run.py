@@ -20,9 +20,10 @@ import math
 import os
 import pathlib
 import shlex
-import subprocess
 import sys
 import time
+
+from benchmarks.run import git_commit
 
 GIB = 2**30
 # Per token per layer, bytes kept for the backward in bf16 (estimates for the automatic layer
@@ -63,16 +64,6 @@ def parse_args(argv):
                    help="tiny dims for a CPU smoke run (H=64, F=32, E=8, k=2, 2 layers, seq 32)")
     p.add_argument("--out", default="e2e-out", help="output directory")
     return p.parse_args(argv)
-
-
-def _commit() -> str:
-    if os.environ.get("JAX_MOK_GIT_COMMIT"):
-        return os.environ["JAX_MOK_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _is_oom(err: Exception) -> bool:
@@ -119,6 +110,7 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
 
     from benchmarks.e2e import model as m
     from benchmarks.peers_jax import b2_capacity
+    from benchmarks.timing import summarize, time_steps
     from jax_mok.optim import weight_decay_mask
 
     record = {"variant": variant, "text": m.VARIANT_TEXT[variant], "batch": batch}
@@ -177,26 +169,26 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     compiled = step.lower(state, batches[0]).compile()
     record["compile_s"] = time.perf_counter() - t0
     log(f"{variant}: compiled in {record['compile_s']:.1f} s")
-    times, losses, dropped = [], [], 0
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+    outputs = []  # (loss, dropped) of every step, warm-ups first
+
+    def step(i: int) -> None:
+        nonlocal state
         state, loss, drop = compiled(state, batches[i % 2])
         jax.block_until_ready((state, loss))
-        elapsed = time.perf_counter() - t0
-        losses.append(float(loss))
-        if i >= args.warmup:
-            times.append(elapsed)
-            dropped += int(drop)
-        log(f"{variant}: step {i + 1}/{args.warmup + args.steps} "
-            f"{'(warm-up) ' if i < args.warmup else ''}{1e3 * elapsed:.1f} ms, loss "
-            f"{losses[-1]:.4f}")
-    del state, compiled
+        outputs.append((loss, drop))
+
+    log(f"{variant}: {args.warmup} warm-up and {args.steps} timed steps")
+    stats = summarize(time_steps(step, warmup=args.warmup, iters=args.steps))
+    losses = [float(loss) for loss, _ in outputs]
+    dropped = sum(int(drop) for _, drop in outputs[args.warmup:])
+    for i, ms in enumerate(stats["times_ms"]):
+        log(f"{variant}: timed step {i + 1}/{args.steps} {ms:.1f} ms, loss "
+            f"{losses[args.warmup + i]:.4f}")
     tokens = global_batch * cfg.seq
-    median = float(np.median(times))
     record.update(
-        status="ok", step_ms=[1e3 * t for t in times], step_ms_median=1e3 * median,
-        tokens_per_s=tokens / median, losses=losses,
-        dropped_fraction=dropped / (len(times) * tokens * cfg.top_k * cfg.layers))
+        status="ok", step_ms=stats["times_ms"], step_ms_median=stats["median_ms"],
+        tokens_per_s=tokens / (stats["median_ms"] * 1e-3), losses=losses,
+        dropped_fraction=dropped / (args.steps * tokens * cfg.top_k * cfg.layers))
     record["mfu"] = record["tokens_per_s"] * cfg.flops_per_token()["train"] / (
         ceiling * 1e12 * n_devices)
     log(f"{variant}: median {record['step_ms_median']:.1f} ms, "
@@ -252,7 +244,7 @@ def main(argv=None) -> dict:
     result = {
         "command": "python -m benchmarks.e2e.run " + shlex.join(sys.argv[1:] if argv is None
                                                                else argv),
-        "commit": _commit(),
+        "commit": git_commit() or "unknown",
         "machine": {"devices": n_devices, "device_kind": devices[0].device_kind,
                     "platform": platform, "jax": jax.__version__, "flax": flax.__version__},
         "config": dataclasses.asdict(cfg), "batch": args.batch, "steps": args.steps,
