@@ -12,25 +12,20 @@ travel quantized (x forward, dy backward), the results come home in x's dtype.
 from __future__ import annotations
 
 import collections
-import os
 import re
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType
 
 import jax_mok
 from jax_mok import testing
 from jax_mok.quantization import dequantize, quantize
 
-CPU_DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:  # the same request as test_sharding.py
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-    except RuntimeError:  # the backend exists already; _mesh() skips with the reason
-        pass
+CPU_DEVICES = cpu_devices.CPU_DEVICES
+cpu_devices.request()
 
 RECIPES = ("fp8_block", "mxfp8")
 DTYPES = (jnp.float32, jnp.bfloat16)
@@ -66,12 +61,7 @@ BYTE_RATIO_BOUND = 0.55  # issue 13: EP=2, bytes per direction vs the BF16 confi
 
 
 def _mesh(ep: int):
-    devices = jax.devices("cpu")
-    if len(devices) < ep:
-        pytest.skip(f"needs {ep} CPU devices, have {len(devices)}; run with "
-                    f"XLA_FLAGS=--xla_force_host_platform_device_count={CPU_DEVICES}")
-    return jax.make_mesh((1, ep), ("data", "expert"), axis_types=(AxisType.Explicit,) * 2,
-                         devices=devices[:ep])
+    return cpu_devices.mesh((1, ep), ("data", "expert"))
 
 
 def _bits(a) -> np.ndarray:
