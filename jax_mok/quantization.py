@@ -253,15 +253,21 @@ def quantize(x: jax.Array, recipe: str, axis: int = -1) -> tuple[jax.Array, jax.
     return jnp.moveaxis(values, -1, axis), jnp.moveaxis(scales, -1, axis)
 
 
+def dequantize(values: jax.Array, scales: jax.Array, recipe: str, axis: int = -1) -> jax.Array:
+    """float32 ``deq`` of :func:`quantize`'s ``(values, scales)`` along ``axis``."""
+    check_recipe(recipe)
+    if recipe == "mxfp8":
+        return dequantize_mxfp8(values, scales, axis)
+    check_float(values, "dequantize", "values")
+    axis = check_axis(axis, values.ndim, "dequantize")
+    out = dequantize_fp8_block(jnp.moveaxis(values, axis, -1), jnp.moveaxis(scales, axis, -1))
+    return jnp.moveaxis(out, -1, axis)
+
+
 def fake_quantize(x: jax.Array, recipe: str, axis: int = -1) -> jax.Array:
     """``dequantize(quantize(x))`` along ``axis`` as float32: the activation operand a GEMM of the
     FP8 layer sees."""
-    values, scales = quantize(x, recipe, axis)
-    if recipe == "mxfp8":
-        return dequantize_mxfp8(values, scales, axis)
-    axis = axis % x.ndim
-    out = dequantize_fp8_block(jnp.moveaxis(values, axis, -1), jnp.moveaxis(scales, axis, -1))
-    return jnp.moveaxis(out, -1, axis)
+    return dequantize(*quantize(x, recipe, axis), recipe, axis)
 
 
 @jax.tree_util.register_dataclass
@@ -369,6 +375,7 @@ __all__ = [
     "MX_BLOCK",
     "RECIPES",
     "QuantizedWeight",
+    "dequantize",
     "dequantize_fp8_block",
     "dequantize_mxfp8",
     "fake_quantize",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Callable
 
 GEMMS = ("auto", "simt")  # FFI attribute gemm = the index
 COPIES = ("ce", "sm")
@@ -122,8 +123,18 @@ class Tuning:
 
 # ------------------------------------------------------------------ JAX_MOK_TUNING
 
+# Parsers of variable text: each raises KeyError on a value it does not accept.
+
 def _parse_bool_or_auto(text: str):
     return {"auto": None, "0": False, "1": True}[text]
+
+
+def _flag(text: str) -> bool:
+    return {"0": False, "1": True}[text]
+
+
+def _choice(*choices: str):
+    return lambda text: {c: c for c in choices}[text]
 
 
 def _parse_int(low: int, high: int | None = None):
@@ -140,9 +151,9 @@ def _parse_int(low: int, high: int | None = None):
 # key of JAX_MOK_TUNING -> (section of Tuning, parser, accepted values in words)
 _KEYS = {
     "pregather_x": ("kernel", _parse_bool_or_auto, "auto | 0 | 1"),
-    "gemm": ("kernel", lambda t: {c: c for c in GEMMS}[t], " | ".join(GEMMS)),
-    "copy": ("peer", lambda t: {c: c for c in COPIES}[t], " | ".join(COPIES)),
-    "check": ("peer", lambda t: {c: c for c in CHECKS}[t], " | ".join(CHECKS)),
+    "gemm": ("kernel", _choice(*GEMMS), " | ".join(GEMMS)),
+    "copy": ("peer", _choice(*COPIES), " | ".join(COPIES)),
+    "check": ("peer", _choice(*CHECKS), " | ".join(CHECKS)),
     "timeout_ms": ("peer", _parse_int(1), "an integer >= 1"),
     "ctas_per_sm": ("peer", _parse_int(1, MAX_CTAS_PER_SM), f"an integer in 1..{MAX_CTAS_PER_SM}"),
     "workspace_limit_bytes": ("peer", _parse_int(1), "an integer >= 1 (bytes)"),
@@ -219,6 +230,8 @@ class EnvVar:
       reader: who reads it and when.
       role: ``"library"`` (changes what runs: tuning), ``"debug"`` (never changes results),
         ``"build"``, ``"test"`` or ``"bench"`` (read outside the library).
+      parse: text -> value for :func:`read` (KeyError, or ValueError with its own message, on a
+        value outside ``accepted``).
     """
 
     name: str
@@ -227,20 +240,7 @@ class EnvVar:
     meaning: str
     reader: str
     role: str
-
-
-def _flag(text: str) -> bool:
-    return {"0": False, "1": True}[text]
-
-
-def _choice(*choices: str):
-    return lambda text: {c: c for c in choices}[text]
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise KeyError(text)
-    return int(text)
+    parse: Callable[[str], object] = dataclasses.field(default=str, repr=False, compare=False)
 
 
 REGISTRY: dict[str, EnvVar] = {v.name: v for v in (
@@ -248,50 +248,38 @@ REGISTRY: dict[str, EnvVar] = {v.name: v for v in (
            "the dataclass defaults",
            "tuning defaults for every call (KernelTuning / PeerTuning fields; a call's "
            "tuning= argument wins where it differs from the default)",
-           "Python, at trace time", "library"),
+           "Python, at trace time", "library", parse_tuning),
     EnvVar("JAX_MOK_TRANSPORT", "auto | xla | peer", "auto",
            "the expert-parallel transport of calls that name none (auto: peer where every "
            "device of the expert axis is an NVLink peer, else xla with a one-time warning)",
-           "Python, at trace time", "debug"),
+           "Python, at trace time", "debug", _choice("auto", "xla", "peer")),
     EnvVar("JAX_MOK_PEER_BOOTSTRAP", "ipc | fabric", "chosen per mesh",
            "force the multi-process bootstrap of the peer workspace",
-           "Python, at workspace creation", "debug"),
+           "Python, at workspace creation", "debug", _choice("ipc", "fabric")),
     EnvVar("JAX_MOK_CUDA_DEBUG_SYNC", "0 | 1", "0",
            "synchronize after every CUDA phase and name the phase that failed",
-           "C++ (CUDA extension), once per process", "debug"),
+           "C++ (CUDA extension), once per process", "debug", _flag),
     EnvVar("JAX_MOK_CUDA_PROFILE", "0 | 1", "0",
            "print each CUDA phase's device time to stderr (serializes the call)",
-           "C++ (CUDA extension), once per process", "debug"),
+           "C++ (CUDA extension), once per process", "debug", _flag),
     EnvVar("JAX_MOK_CPU_THREADS", "an integer >= 1", "all hardware threads (at most 64)",
-           "threads of the CPU kernels", "C++ (CPU extension), once per process", "debug"),
+           "threads of the CPU kernels", "C++ (CPU extension), once per process", "debug",
+           _parse_int(1)),
     EnvVar("JAX_MOK_CUDA", "0 | 1 | AUTO", "AUTO",
            "build the CUDA extension: 0 never, 1 always (a missing nvcc is an error), AUTO "
-           "where nvcc is on PATH", "pip install (CMake)", "build"),
+           "where nvcc is on PATH", "pip install (CMake)", "build", _choice("0", "1", "AUTO")),
     EnvVar("JAX_MOK_PYTHON", "a path", "python3 on PATH",
            "the Python whose jaxlib and nanobind headers the Bazel build uses",
            "Bazel (tools/bazel)", "build"),
     EnvVar("JAX_MOK_REQUIRE_CUDA", "0 | 1", "0",
-           "a missing GPU fails the GPU tests instead of skipping them", "tests/", "test"),
+           "a missing GPU fails the GPU tests instead of skipping them", "tests/", "test", _flag),
     EnvVar("JAX_MOK_GIT_COMMIT", "a commit", "git rev-parse HEAD",
            "the commit benchmark records name (the device machine's copy has no .git)",
            "benchmarks/, tools/", "bench"),
     EnvVar("JAX_MOK_BENCH_TORCH_CPU", "0 | 1", "0",
-           "run the PyTorch peer B3 on the CPU too (to test its math)", "benchmarks/", "bench"),
+           "run the PyTorch peer B3 on the CPU too (to test its math)", "benchmarks/", "bench",
+           _flag),
 )}
-
-_PARSERS = {
-    "JAX_MOK_TUNING": parse_tuning,
-    "JAX_MOK_TRANSPORT": _choice("auto", "xla", "peer"),
-    "JAX_MOK_PEER_BOOTSTRAP": _choice("ipc", "fabric"),
-    "JAX_MOK_CUDA_DEBUG_SYNC": _flag,
-    "JAX_MOK_CUDA_PROFILE": _flag,
-    "JAX_MOK_CPU_THREADS": _positive_int,
-    "JAX_MOK_CUDA": _choice("0", "1", "AUTO"),
-    "JAX_MOK_PYTHON": str,
-    "JAX_MOK_REQUIRE_CUDA": _flag,
-    "JAX_MOK_GIT_COMMIT": str,
-    "JAX_MOK_BENCH_TORCH_CPU": _flag,
-}
 
 
 def raw(name: str) -> str | None:
@@ -309,10 +297,8 @@ def read(name: str):
     value = raw(name)
     if value is None:
         return None
-    if name == "JAX_MOK_TUNING":
-        return parse_tuning(value, name)
     try:
-        return _PARSERS[name](value)
+        return REGISTRY[name].parse(value)
     except KeyError:
         raise ValueError(
             f"{name}={value!r} is not accepted; it takes {REGISTRY[name].accepted}") from None

@@ -94,15 +94,15 @@ def _special_rows(rng, rows, cols, dtype):
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_quantize_kernel_bits_equal_jax(recipe, dtype):
-    from jax_mok.kernels import fp8 as kernels_fp8
+    from jax_mok import quantization
     from jax_mok.kernels import targets
 
     rng = np.random.default_rng(3)
     x = _special_rows(rng, 96, 512, dtype)
     got = [np.asarray(a) for a in targets.quantize_rows(x, recipe)]
     with jax.default_device(_cpu()):  # the specification's bits, computed by XLA:CPU
-        want = [np.asarray(a) for a in kernels_fp8.quantize_rows(jax.device_put(x, _cpu()),
-                                                                 recipe)]
+        want = [np.asarray(a) for a in quantization.quantize(jax.device_put(x, _cpu()),
+                                                             recipe)]
     for name, g, w in zip(("values", "scales"), got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype, f"{name}: {g.shape} {g.dtype}"
         gb, wb = g.view(np.uint8), w.view(np.uint8)

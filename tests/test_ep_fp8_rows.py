@@ -12,26 +12,20 @@ travel quantized (x forward, dy backward), the results come home in x's dtype.
 from __future__ import annotations
 
 import collections
-import os
 import re
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType
 
 import jax_mok
 from jax_mok import testing
-from jax_mok.ep.quantized import dequantize_rows
-from jax_mok.kernels.fp8 import quantize_rows
+from jax_mok.quantization import dequantize, quantize
 
-CPU_DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:  # the same request as test_sharding.py
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-    except RuntimeError:  # the backend exists already; _mesh() skips with the reason
-        pass
+CPU_DEVICES = cpu_devices.CPU_DEVICES
+cpu_devices.request()
 
 RECIPES = ("fp8_block", "mxfp8")
 DTYPES = (jnp.float32, jnp.bfloat16)
@@ -67,12 +61,7 @@ BYTE_RATIO_BOUND = 0.55  # issue 13: EP=2, bytes per direction vs the BF16 confi
 
 
 def _mesh(ep: int):
-    devices = jax.devices("cpu")
-    if len(devices) < ep:
-        pytest.skip(f"needs {ep} CPU devices, have {len(devices)}; run with "
-                    f"XLA_FLAGS=--xla_force_host_platform_device_count={CPU_DEVICES}")
-    return jax.make_mesh((1, ep), ("data", "expert"), axis_types=(AxisType.Explicit,) * 2,
-                         devices=devices[:ep])
+    return cpu_devices.mesh((1, ep), ("data", "expert"))
 
 
 def _bits(a) -> np.ndarray:
@@ -108,10 +97,10 @@ def _edge_rows(rng) -> np.ndarray:
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_requantization_is_idempotent_in_values(recipe, dtype):
     x = jnp.asarray(_edge_rows(np.random.default_rng(0))).astype(dtype)
-    values, scales = quantize_rows(x, recipe)
-    once = dequantize_rows(values, scales, recipe)
-    values2, scales2 = quantize_rows(once, recipe)
-    np.testing.assert_array_equal(_bits(dequantize_rows(values2, scales2, recipe)), _bits(once))
+    values, scales = quantize(x, recipe)
+    once = dequantize(values, scales, recipe)
+    values2, scales2 = quantize(once, recipe)
+    np.testing.assert_array_equal(_bits(dequantize(values2, scales2, recipe)), _bits(once))
     if recipe == "fp8_block":  # the scale round-trips: fl(fl(448 * s) / 448) == s
         np.testing.assert_array_equal(_bits(scales2), _bits(scales))
         np.testing.assert_array_equal(_bits(values2), _bits(values))

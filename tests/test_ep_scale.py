@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,12 +30,8 @@ import jax_mok
 from jax_mok import testing
 from jax_mok.ep import pack, peer, workspace
 
-CPU_DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-    except RuntimeError:  # the CPU backend exists already; the tests skip with the reason
-        pass
+CPU_DEVICES = cpu_devices.CPU_DEVICES
+cpu_devices.request()
 
 from test_peer_transport import _HostExchange, _value_and_grad  # noqa: E402
 
@@ -51,18 +48,13 @@ XLA_TOLERANCE = 1e-6
 
 
 def _mesh(ep: int):
-    devices = jax.devices("cpu")
-    if len(devices) < ep:
-        pytest.skip(f"needs {ep} CPU devices, have {len(devices)}: run with "
-                    f"XLA_FLAGS=--xla_force_host_platform_device_count={CPU_DEVICES}")
-    return jax.sharding.Mesh(np.array(devices[:ep]), ("expert",))
+    return jax.sharding.Mesh(np.array(cpu_devices.devices(ep)), ("expert",))
 
 
 def _fake_peer(monkeypatch, mesh) -> _HostExchange:
     emulator = _HostExchange(mesh, "expert")
     monkeypatch.setattr(peer, "_backend", emulator)
-    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
+    cpu_devices.fake_peer(monkeypatch)
     return emulator
 
 

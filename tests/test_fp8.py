@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType
 
 # The oracle of the format (tests/ is on sys.path under pytest's default import mode).
 from test_quantization import (
@@ -31,12 +30,8 @@ from jax_mok import fp8, testing
 from jax_mok import quantization as qz
 from jax_mok.kernels import fp8 as kernels_fp8
 
-CPU_DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:  # the same request as test_sharding.py, for the expert-parallel case
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-    except RuntimeError:
-        pass
+CPU_DEVICES = cpu_devices.CPU_DEVICES
+cpu_devices.request()
 
 RECIPES = qz.RECIPES
 DTYPES = [jnp.float32, jnp.bfloat16]
@@ -317,21 +312,12 @@ def test_flax_modules_pass_the_config_through():
     assert jax.jit(module.apply)(variables, x).shape == x.shape
 
 
-def _cpu_mesh(ep: int):
-    devices = jax.devices("cpu")
-    if len(devices) < ep:
-        pytest.skip(f"needs {ep} CPU devices, have {len(devices)}; run with "
-                    f"XLA_FLAGS=--xla_force_host_platform_device_count={CPU_DEVICES}")
-    return jax.make_mesh((1, ep), ("data", "expert"), axis_types=(AxisType.Explicit,) * 2,
-                         devices=devices[:ep])
-
-
 def test_expert_parallel_xla_matches_single_device():
     config = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=64, ffn_size=48,
                                quantization="mxfp8", capacity_factor=1.5)
     params = testing.random_params(jax.random.key(0), config, jnp.float32)
     x = jax.random.normal(jax.random.key(1), (64, 64))
-    mesh = _cpu_mesh(2)
+    mesh = cpu_devices.mesh((1, 2), ("data", "expert"))
 
     def loss(x, p, **kw):
         return jnp.sum(jax_mok.moe(x, p, **kw) ** 2)

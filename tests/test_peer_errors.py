@@ -4,7 +4,6 @@ the GPU test runs issue 18's sequence with check="deferred"."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -123,11 +122,7 @@ def test_deferred_check_never_loses_an_error():
         jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, params))
     devices = jax.devices("gpu")[:2]
     mesh = jax.sharding.Mesh(devices, ("expert",))
-    experts = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("expert"))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    placed = jax.tree.map(lambda a: jax.device_put(a, replicated), params)
-    placed = dataclasses.replace(placed, w_gate_up=jax.device_put(params.w_gate_up, experts),
-                                 w_down=jax.device_put(params.w_down, experts))
+    placed = jax.device_put(params, sharding.param_shardings(params, mesh))
     step = jax.jit(jax.value_and_grad(
         lambda x, p: loss(x, p, mesh=mesh, transport="peer", tuning=deferred), argnums=(0, 1)))
     try:

@@ -7,28 +7,24 @@ program traces, differentiates and lowers with the peer targets in place of ever
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_mok
-from jax_mok import testing
+from jax_mok import sharding, testing
 from jax_mok.ep import peer, plan, workspace
 from jax_mok.tuning import PeerTuning, Tuning
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:  # as tests/test_sharding.py: several CPU devices, before the CPU backend exists
-        jax.config.update("jax_num_cpu_devices", 8)
-    except RuntimeError:
-        pass
+cpu_devices.request()
 
 
 def _config(**kw):
@@ -52,12 +48,9 @@ def test_staged_program_lowers_on_cpu(monkeypatch, data, ep):
     (here the reference), the training step's HLO uses the staged peer targets (1 dispatch + 1
     combine forward; 1 reverse combine + 1 reverse dispatch backward, both dispatch targets) and
     no all-to-all. Nothing runs: the targets exist only for platform CUDA."""
-    devices = jax.devices("cpu")
-    if len(devices) < data * ep:
-        pytest.skip(f"needs {data * ep} CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
-    mesh = jax.sharding.Mesh(np.array(devices[:data * ep]).reshape(data, ep), ("data", "expert"))
+    cpu_devices.fake_peer(monkeypatch)
+    mesh = jax.sharding.Mesh(np.array(cpu_devices.devices(data * ep)).reshape(data, ep),
+                             ("data", "expert"))
     config = _config()
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (16, 64))
@@ -75,12 +68,8 @@ def test_inference_lowers_to_one_fused_call_on_cpu(monkeypatch, implementation):
     (dispatch, the local experts and combine); with the reference experts it is the staged
     dispatch + the experts + combine. Training steps:
     test_fused_training_step_lowers_to_its_calls_on_cpu."""
-    devices = jax.devices("cpu")
-    if len(devices) < 2:
-        pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
-    mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
+    cpu_devices.fake_peer(monkeypatch)
+    mesh = jax.sharding.Mesh(np.array(cpu_devices.devices(2)), ("expert",))
     config = _config()
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (16, 64))
@@ -139,14 +128,11 @@ class _HostExchange:
 def test_emulated_peer_glue_equals_xla_transport(monkeypatch, data, ep, capacity_factor):
     """CPU: transport "peer" with the exchange emulated gives transport "xla"'s values, aux and
     gradients (x and every weight)."""
-    devices = jax.devices("cpu")
-    if len(devices) < data * ep:
-        pytest.skip(f"needs {data * ep} CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    mesh = jax.sharding.Mesh(np.array(devices[:data * ep]).reshape(data, ep), ("data", "expert"))
+    mesh = jax.sharding.Mesh(np.array(cpu_devices.devices(data * ep)).reshape(data, ep),
+                             ("data", "expert"))
     emulator = _HostExchange(mesh, "expert")
     monkeypatch.setattr(peer, "_backend", emulator)
-    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
+    cpu_devices.fake_peer(monkeypatch)
     config = _config(capacity_factor=capacity_factor, num_shared_experts=1)
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (32, 64))
@@ -210,11 +196,7 @@ def test_single_device_step_then_peer_step():
     single = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     v0, (dx0, dp0) = jax.block_until_ready(single(x, params))
     mesh = _gpu_mesh()
-    experts = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("expert"))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    placed = jax.tree.map(lambda a: jax.device_put(a, replicated), params)
-    placed = dataclasses.replace(placed, w_gate_up=jax.device_put(params.w_gate_up, experts),
-                                 w_down=jax.device_put(params.w_down, experts))
+    placed = jax.device_put(params, sharding.param_shardings(params, mesh))
     step = jax.jit(jax.value_and_grad(
         lambda x, p: loss(x, p, mesh=mesh, transport="peer"), argnums=(0, 1)))
     v1, (dx1, dp1) = jax.block_until_ready(step(x, placed))
@@ -352,12 +334,8 @@ def test_fused_training_step_equals_xla_transport(dtype, capacity_factor, save):
 def test_fused_training_step_lowers_to_its_calls_on_cpu(monkeypatch):
     """CPU: with the kernels a training step is one mok_ep_moe_fwd_train and one mok_ep_moe_bwd
     call (no staged exchange at all, no local kernel call outside them)."""
-    devices = jax.devices("cpu")
-    if len(devices) < 2:
-        pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
-    mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
+    cpu_devices.fake_peer(monkeypatch)
+    mesh = jax.sharding.Mesh(np.array(cpu_devices.devices(2)), ("expert",))
     params = testing.random_params(jax.random.key(0), _config())
     x = jax.random.normal(jax.random.key(1), (16, 64))
     text = _value_and_grad(x, params, mesh=mesh, transport="peer").lower(x, params).as_text()

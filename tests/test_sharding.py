@@ -11,8 +11,8 @@ module collected earlier created the backend first, the tests skip and say so.
 from __future__ import annotations
 
 import dataclasses
-import os
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,28 +25,12 @@ from jax_mok import sharding, testing
 from jax_mok.ep import pack
 from jax_mok.kernels import _ffi
 
-CPU_DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-    except RuntimeError:  # the CPU backend exists already; _cpu_devices() skips with the reason
-        pass
-
-
-def _cpu_devices(n: int) -> list:
-    devices = jax.devices("cpu")
-    if len(devices) < n:
-        pytest.skip(
-            f"needs {n} CPU devices, have {len(devices)}: the CPU backend was created before this "
-            "module could set jax_num_cpu_devices; run with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={CPU_DEVICES}"
-        )
-    return devices[:n]
+CPU_DEVICES = cpu_devices.CPU_DEVICES
+cpu_devices.request()
 
 
 def _mesh(data: int, ep: int, axis_type=AxisType.Explicit):
-    return jax.make_mesh((data, ep), ("data", "expert"), axis_types=(axis_type, axis_type),
-                         devices=_cpu_devices(data * ep))
+    return cpu_devices.mesh((data, ep), ("data", "expert"), axis_type)
 
 
 def _loss(x, params, **kwargs):

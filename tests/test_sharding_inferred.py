@@ -13,10 +13,10 @@ device's (``EP x`` the tokens per device: its packed rows from every device of i
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import warnings
 
+import cpu_devices
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,12 +30,8 @@ from jax_mok.ep import partitioned
 from jax_mok.kernels import _ffi, targets
 from jax_mok.tuning import KernelTuning, PeerTuning
 
-CPU_DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-    except RuntimeError:  # the CPU backend exists already; _mesh() skips with the reason
-        pass
+CPU_DEVICES = cpu_devices.CPU_DEVICES
+cpu_devices.request()
 
 # H, 2F and F all differ, so that an expert weight is recognisable by its shape in the HLO.
 CONFIG = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=32, ffn_size=24,
@@ -48,15 +44,6 @@ LAYOUTS = {
     "tokens_over_data_only": ((2, 4), ("data", "expert"), P("data"), P("expert")),
     "sequence_sharded": ((2, 4), ("data", "expert"), P("data", "expert"), P("expert")),
 }
-
-
-def _mesh(shape, names, axis_type):
-    devices = jax.devices("cpu")
-    if len(devices) < CPU_DEVICES:
-        pytest.skip(f"needs {CPU_DEVICES} CPU devices, have {len(devices)}: run with "
-                    f"XLA_FLAGS=--xla_force_host_platform_device_count={CPU_DEVICES}")
-    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names),
-                         devices=devices[:CPU_DEVICES])
 
 
 def _problem(seed=0, config=CONFIG, shape=(8, 8)):
@@ -124,7 +111,7 @@ def weight_all_gathers(hlo: str, config=CONFIG) -> list[str]:
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_plain_jit_follows_the_input_shardings(name, axis_type):
     shape, names, x_spec, w_spec = LAYOUTS[name]
-    mesh = _mesh(shape, names, axis_type)
+    mesh = cpu_devices.mesh(shape, names, axis_type)
     x, params = _problem()
     want = jax.jit(_STEP)(x, params)
     xs, ps = _place(x, params, mesh, x_spec, w_spec)
@@ -159,7 +146,7 @@ def test_auto_axes_other_residual_policies(name, variant):
     which still runs every partition callback of the pair) and the pure-JAX reference as the
     per-device experts."""
     shape, names, x_spec, w_spec = LAYOUTS[name]
-    mesh = _mesh(shape, names, AxisType.Auto)
+    mesh = cpu_devices.mesh(shape, names, AxisType.Auto)
     config = CONFIG
     implementation = "reference" if variant == "reference" else "ffi"
     if variant == "saved_activations":
@@ -191,7 +178,7 @@ def test_auto_axes_other_residual_policies(name, variant):
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
 def test_a_layout_that_would_gather_experts_raises(axis_type):
-    mesh = _mesh((2, 4), ("data", "expert"), axis_type)
+    mesh = cpu_devices.mesh((2, 4), ("data", "expert"), axis_type)
     x, params = _problem()
     xs, ps = _place(x, params, mesh, P(("data", "expert")), P(None, "expert"))
     # Explicit axes: a ValueError at trace time; auto axes: the same text from the partitioner.
@@ -203,7 +190,7 @@ def test_a_layout_that_would_gather_experts_raises(axis_type):
 def test_ambient_data_mesh_without_expert_axis_runs_data_parallel():
     """jax.set_mesh with a ("data",) mesh and auto axes: no expert axis, so no shard_map plan;
     the kernels still run on each device's rows."""
-    mesh = _mesh((8,), ("data",), AxisType.Auto)
+    mesh = cpu_devices.mesh((8,), ("data",), AxisType.Auto)
     x, params = _problem(3)
     want = jax.jit(jax_mok.moe)(x, params)
     xs, ps = _place(x, params, mesh, P("data"), P())
@@ -233,7 +220,7 @@ def test_inside_a_user_shard_map(manual, names, check_vma):
     """Manual axes are already split: the layer runs on the shard, expert parallel over a free
     expert axis (nested shard_map), per device otherwise. The routed output of a token does not
     depend on the others (dropless), so y and the gradients equal the single-device call's."""
-    mesh = _mesh((2, 4), names, AxisType.Auto)
+    mesh = cpu_devices.mesh((2, 4), names, AxisType.Auto)
     x, params = _problem(5, shape=(64,))
     nested_ep = "expert" in names and "expert" not in manual
     xs, ps = _place(x, params, mesh, P(names), P("expert") if nested_ep else P())
@@ -255,7 +242,7 @@ def test_inside_a_user_shard_map(manual, names, check_vma):
 def test_nested_expert_parallel_under_check_vma_says_why_no_gradient():
     """JAX cannot transpose a shard_map nested in one that checks vma types: the forward runs,
     the gradient raises jax_mok's NotImplementedError naming the way out."""
-    mesh = _mesh((2, 4), ("data", "expert"), AxisType.Auto)
+    mesh = cpu_devices.mesh((2, 4), ("data", "expert"), AxisType.Auto)
     x, params = _problem(5, shape=(64,))
     xs, ps = _place(x, params, mesh, P("data"), P("expert"))
     inner = _user_shard_map(("data",), mesh, check_vma=True)
@@ -267,7 +254,7 @@ def test_nested_expert_parallel_under_check_vma_says_why_no_gradient():
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
 def test_zero_tokens_on_a_mesh(axis_type):
-    mesh = _mesh((2, 4), ("data", "expert"), axis_type)
+    mesh = cpu_devices.mesh((2, 4), ("data", "expert"), axis_type)
     _, params = _problem()
     x = jnp.zeros((0, CONFIG.hidden_size))
     for kwargs in ({"mesh": mesh}, {}):
@@ -294,7 +281,7 @@ def test_vmap_of_an_expert_parallel_call(monkeypatch, cuda_built):
     real = _ffi.kernels_built
     monkeypatch.setattr(_ffi, "kernels_built",
                         lambda p: cuda_built if p == "cuda" else real(p))
-    mesh = _mesh((2, 4), ("data", "expert"), AxisType.Explicit)
+    mesh = cpu_devices.mesh((2, 4), ("data", "expert"), AxisType.Explicit)
     config = dataclasses.replace(CONFIG, num_shared_experts=0)
     x, params = _problem(7, config, shape=(3, 16))
     fn = jax.jit(jax.vmap(lambda x: jax_mok.moe(x, params, mesh=mesh, transport="xla")))

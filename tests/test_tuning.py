@@ -9,21 +9,17 @@ import subprocess
 import sys
 import warnings
 
+import cpu_devices
 import jax
 import numpy as np
 import pytest
 
 import jax_mok
 from jax_mok import testing, tuning
-from jax_mok.ep import workspace
 from jax_mok.kernels import targets
 from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    try:  # as tests/test_sharding.py: several CPU devices, before the CPU backend exists
-        jax.config.update("jax_num_cpu_devices", 8)
-    except RuntimeError:
-        pass
+cpu_devices.request()
 
 
 @pytest.fixture(autouse=True)
@@ -189,12 +185,8 @@ def test_tuning_reaches_the_lowered_program(monkeypatch):
     assert "gemm = 1 : i32" in _custom_calls(lowered())["mok_moe_fwd"][0]
     monkeypatch.delenv("JAX_MOK_TUNING")
 
-    devices = jax.devices("cpu")
-    if len(devices) < 2:
-        pytest.skip("needs 2 CPU devices (XLA_FLAGS / jax_num_cpu_devices)")
-    monkeypatch.setattr(workspace, "peer_transport_available", lambda mesh, axis: (True, "fake"))
-    monkeypatch.setattr(workspace, "workspace_for", lambda mesh, axis, spec, *a, **kw: 7)
-    mesh = jax.sharding.Mesh(np.array(devices[:2]), ("expert",))
+    cpu_devices.fake_peer(monkeypatch)
+    mesh = jax.sharding.Mesh(np.array(cpu_devices.devices(2)), ("expert",))
     step = jax.grad(lambda x: (jax_mok.moe(x, params, mesh=mesh, transport="peer",
                                            tuning=tuned) ** 2).sum())
     calls = _custom_calls(jax.jit(step).lower(x).as_text())

@@ -21,10 +21,9 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
-from jax.sharding import PartitionSpec
 
 from jax_mok.ep import meshes
-from jax_mok.ep.plan import TRANSPORTS, ExpertParallel, context_plan
+from jax_mok.ep.plan import TRANSPORTS, ExpertParallel, context_plan, weights_expert_axis
 from jax_mok.params import MoEParams
 
 
@@ -43,27 +42,12 @@ def _same_mesh(found: list[meshes.Known]):
 def _expert_axis(params: MoEParams) -> tuple[str | None, bool]:
     """(the axis the known expert weights' ``E`` dim is sharded over or None, whether any weight
     sharding is known); ValueError for a layout that would need the experts gathered."""
-    axes, seen = set(), False
+    specs = {}
     for name in ("w_gate_up", "w_down"):
         found = meshes.known(getattr(params, name))
-        if found is None:
-            continue
-        seen = True
-        lead = meshes.spec_axes(found.spec[0])
-        rest = [a for e in found.spec[1:] for a in meshes.spec_axes(e)]
-        if rest or len(lead) > 1:
-            hint = (f"PartitionSpec({lead[0]!r}, None, None)" if lead
-                    else "PartitionSpec('expert', None, None) (experts over one mesh axis)")
-            raise ValueError(
-                f"params.{name} is sharded as {PartitionSpec(*found.spec)}: jax_mok.moe shards "
-                f"experts only along E over one mesh axis, and would have to gather them; use "
-                f"{hint} or replicate the weights")
-        axes.add(lead[0] if lead else None)
-    if len(axes) > 1:
-        raise ValueError(
-            f"params.w_gate_up and params.w_down are sharded differently along E ({axes}); "
-            "shard both over the same axis")
-    return (axes.pop() if axes else None), seen
+        if found is not None:
+            specs[f"params.{name}"] = found.spec
+    return weights_expert_axis(specs), bool(specs)
 
 
 def _x_token_axes(x, mesh) -> tuple[str, ...] | None:

@@ -96,21 +96,25 @@ def spec_axes(entry) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def _sharding(a):
+    """The sharding of a placed array, or the one a traced array's type carries (None if none)."""
+    if isinstance(a, jax.core.Tracer):
+        typeof = getattr(jax, "typeof", None)
+        return getattr(typeof(a), "sharding", None) if typeof is not None else None
+    return getattr(a, "sharding", None)
+
+
 def known(a) -> Known | None:
     """The sharding of ``a`` where it is known at trace time, else None: a placed array with a
     ``NamedSharding``, or a traced array whose type has explicit axes. Under auto axes a traced
     type says nothing about the layout: None."""
     if a is None:
         return None
-    if isinstance(a, jax.core.Tracer):
-        typeof = getattr(jax, "typeof", None)
-        sharding = getattr(typeof(a), "sharding", None) if typeof is not None else None
-        if not isinstance(sharding, NamedSharding) or not explicit(sharding.mesh):
-            return None
-    else:
-        sharding = getattr(a, "sharding", None)
-        if not isinstance(sharding, NamedSharding):
-            return None
+    sharding = _sharding(a)
+    if not isinstance(sharding, NamedSharding):
+        return None
+    if isinstance(a, jax.core.Tracer) and not explicit(sharding.mesh):
+        return None
     spec = tuple(sharding.spec)
     return Known(spec + (None,) * (a.ndim - len(spec)), sharding.mesh)
 
@@ -120,13 +124,7 @@ def traced_mesh(a) -> Mesh | AbstractMesh | None:
     one device or with no mesh in their type (e.g. created inside the traced function)."""
     if a is None:
         return None
-    sharding = None
-    if isinstance(a, jax.core.Tracer):
-        typeof = getattr(jax, "typeof", None)
-        sharding = getattr(typeof(a), "sharding", None) if typeof is not None else None
-    else:
-        sharding = getattr(a, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
+    mesh = getattr(_sharding(a), "mesh", None)
     if mesh is None or getattr(mesh, "empty", True) or size(mesh) < 2:
         return None
     return mesh

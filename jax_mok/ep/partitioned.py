@@ -138,23 +138,9 @@ def layout(call: Call, mesh, x, gu, dn) -> Layout:
     """The :class:`Layout` of a call from its operands' shapes and shardings (x ``[T, H]``,
     ``gu [E, H, 2F]``, ``dn [E, F, H]``); ValueError for expert layouts that would need the
     experts gathered, or that the tokens cannot be split for."""
-    leads = []
-    for name, arg in (("params.w_gate_up", gu), ("params.w_down", dn)):
-        spec = _spec(arg.sharding, 3, name)
-        lead = meshes.spec_axes(spec[0])
-        rest = [a for entry in spec[1:] for a in meshes.spec_axes(entry)]
-        if rest or len(lead) > 1:
-            raise ValueError(
-                f"jax_mok.moe: {name} is sharded as {PartitionSpec(*spec)}; the layer shards "
-                "experts only along E over one mesh axis and would have to gather them: use "
-                f"{plan.expected_weight_spec(lead[0] if lead else 'expert')}")
-        leads.append(lead)
-    if leads[0] != leads[1]:
-        raise ValueError(
-            f"jax_mok.moe: params.w_gate_up and params.w_down are sharded differently along E "
-            f"({leads[0]} vs {leads[1]}); shard both as "
-            f"{plan.expected_weight_spec(leads[0][0] if leads[0] else 'expert')}")
-    expert_axis = leads[0][0] if leads[0] else None
+    expert_axis = plan.weights_expert_axis(
+        {name: _spec(arg.sharding, 3, name) for name, arg in (("params.w_gate_up", gu),
+                                                                ("params.w_down", dn))})
     tokens = x.shape[0]
     token_axes: tuple[str, ...] = ()
     for a in meshes.spec_axes(_spec(x.sharding, 2, "x")[0]):

@@ -211,6 +211,35 @@ def expected_weight_spec(expert_axis: str | None) -> str:
     return f"PartitionSpec({expert_axis!r}, None, None) or replicated"
 
 
+def _weight_axes(spec: tuple) -> tuple[tuple[str, ...], list[str]]:
+    """(the mesh axes of an expert weight's ``E`` dim, those of its other dims) in ``spec``."""
+    return meshes.spec_axes(spec[0]), [a for e in spec[1:] for a in meshes.spec_axes(e)]
+
+
+def weights_expert_axis(specs: dict[str, tuple]) -> str | None:
+    """The mesh axis the expert weights' ``E`` dim is sharded over (None: replicated), from the
+    specs (padded to rank 3) of the weights whose sharding is known, e.g.
+    ``{"params.w_gate_up": spec}``. ValueError for a layout that would need the experts gathered:
+    a dim other than ``E`` sharded, ``E`` over several axes, the two weights different along E.
+    The trace-time plan (:mod:`jax_mok.ep.discover`) and the partitioner
+    (:mod:`jax_mok.ep.partitioned`) both apply it: the same layouts fail with the same text."""
+    leads = {}
+    for name, spec in specs.items():
+        lead, rest = _weight_axes(spec)
+        if rest or len(lead) > 1:
+            raise ValueError(
+                f"jax_mok.moe: {name} is sharded as {PartitionSpec(*spec)}; the layer shards "
+                "experts only along E over one mesh axis and would have to gather them: use "
+                f"{expected_weight_spec(lead[0] if lead else 'expert')}")
+        leads[name] = lead[0] if lead else None
+    axes = list(dict.fromkeys(leads.values()))
+    if len(axes) > 1:
+        raise ValueError(
+            f"jax_mok.moe: params.w_gate_up and params.w_down are sharded differently along E "
+            f"({axes[0]} vs {axes[1]}); shard both as {expected_weight_spec(axes[0] or 'expert')}")
+    return axes[0] if axes else None
+
+
 def check_expert_weights(params: MoEParams, plan: ExpertParallel) -> None:
     """Raises ValueError when a known weight sharding would make the call all-gather experts.
 
@@ -221,8 +250,7 @@ def check_expert_weights(params: MoEParams, plan: ExpertParallel) -> None:
         found = meshes.known(getattr(params, name))
         if found is None:
             continue
-        lead = meshes.spec_axes(found.spec[0])
-        rest = [a for e in found.spec[1:] for a in meshes.spec_axes(e)]
+        lead, rest = _weight_axes(found.spec)
         if rest or lead not in ((), (plan.expert_axis,)):
             raise ValueError(
                 f"params.{name} is sharded as {PartitionSpec(*found.spec)}, which the layer "
@@ -241,4 +269,5 @@ __all__ = [
     "expected_weight_spec",
     "expert_parallel",
     "resolve_transport",
+    "weights_expert_axis",
 ]

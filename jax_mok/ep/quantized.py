@@ -1,7 +1,7 @@
 """FP8 travel of the XLA transport's token rows (``MoEConfig.quantization`` set): the rows cross
 the expert axis as the recipe's activation operand of the gate/up GEMM, values ``float8_e4m3fn``
-and scales (fp8_block: 1 x 128 blocks, float32 scales; mxfp8: 1 x 32 blocks, E8M0 scales; the
-quantizers of :mod:`jax_mok.quantization`), about half the bytes of bfloat16 rows.
+and scales (fp8_block: 1 x 128 blocks, float32 scales; mxfp8: 1 x 32 blocks, E8M0 scales;
+:func:`jax_mok.quantization.quantize`), about half the bytes of bfloat16 rows.
 
 - :func:`dispatch_rows`: packed ``x`` rows ``[EP, R, H]`` quantized along H, both parts
   all_to_all'd, dequantized to float32 on the receiver. Backward: straight through, the
@@ -33,7 +33,6 @@ import jax.numpy as jnp
 
 from jax_mok import quantization
 from jax_mok.kernels import vma
-from jax_mok.kernels.fp8 import quantize_rows
 
 
 def _all_to_all(a: jax.Array, axis: str) -> jax.Array:
@@ -48,23 +47,15 @@ def _all_to_all_bytes(a: jax.Array, axis: str) -> jax.Array:
     return jax.lax.bitcast_convert_type(_all_to_all(bits, axis), a.dtype)
 
 
-def dequantize_rows(values: jax.Array, scales: jax.Array, recipe: str) -> jax.Array:
-    """float32 ``deq`` of :func:`jax_mok.kernels.fp8.quantize_rows`'s ``(values, scales)``
-    (blocks along the last axis)."""
-    if recipe == "mxfp8":
-        return quantization.dequantize_mxfp8(values, scales, axis=-1)
-    return quantization.dequantize_fp8_block(values, scales)
-
-
 def travel_quantized(rows: jax.Array, axis: str, recipe: str) -> jax.Array:
     """``rows [EP, R, H]`` quantized along H, values and scales all_to_all'd over ``axis``,
     dequantized: float32 ``[EP, R, H]``, the received ``deq(Q(rows))``."""
     ep, r, h = rows.shape
-    values, scales = quantize_rows(rows.reshape(ep * r, h), recipe)
+    values, scales = quantization.quantize(rows.reshape(ep * r, h), recipe)
     values = _all_to_all_bytes(values.reshape(ep, r, h), axis)
     scales = scales.reshape(ep, r, -1)
     scales = (_all_to_all_bytes if scales.dtype.itemsize == 1 else _all_to_all)(scales, axis)
-    return dequantize_rows(values, scales, recipe)
+    return quantization.dequantize(values, scales, recipe)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
@@ -110,4 +101,4 @@ def _return_bwd(axis, recipe, dtype, like, ct):
 return_rows.defvjp(_return_fwd, _return_bwd)
 
 
-__all__ = ["dequantize_rows", "dispatch_rows", "return_rows", "travel_quantized"]
+__all__ = ["dispatch_rows", "return_rows", "travel_quantized"]

@@ -14,27 +14,26 @@ CUDA_ONLY_TARGETS = ("mok_moe_fwd_train", "mok_moe_bwd_saved",  # saved activati
 
 
 @functools.cache
+def _load(module_name: str, platform: str):
+    """Imports ``module_name`` and registers its targets for ``platform`` (None when it is not
+    built)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    for name, capsule in module.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform=platform)
+    return module
+
+
 def cpu_module():
     """The CPU extension, registered for platform "cpu" (None when it is not built)."""
-    try:
-        module = importlib.import_module("jax_mok._mok_cpu")
-    except ImportError:
-        return None
-    for name, capsule in module.registrations().items():
-        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-    return module
+    return _load("jax_mok._mok_cpu", "cpu")
 
 
-@functools.cache
 def cuda_module():
     """The CUDA extension, registered for platform "CUDA" (None when it is not built)."""
-    try:
-        module = importlib.import_module("jax_mok._mok_cuda")
-    except ImportError:
-        return None
-    for name, capsule in module.registrations().items():
-        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-    return module
+    return _load("jax_mok._mok_cuda", "CUDA")
 
 
 def kernels_built(platform: str) -> bool:

@@ -29,13 +29,6 @@ from jax_mok.quantization import QuantizedWeight
 _warned: set[str] = set()
 
 
-def quantize_rows(x: jax.Array, recipe: str) -> tuple[jax.Array, jax.Array]:
-    """``x [R, C]`` quantized along C: values ``[R, C]`` e4m3 and the recipe's scales."""
-    if recipe == "mxfp8":
-        return quantization.quantize_mxfp8(x, axis=-1)
-    return quantization.quantize_fp8_block(x, block=(1, 128))
-
-
 def weight_k_major(w: jax.Array, reduce_axis: int, recipe: str) -> tuple[jax.Array, jax.Array]:
     """Expert weights ``w [E, A, B]`` quantized along ``reduce_axis`` (1 or 2), laid out with
     that axis last: values ``[E, N, K]``, scales ``[E, N, K/32]`` (mxfp8) or ``[E, N/128, K/128]``
@@ -64,7 +57,7 @@ def routed_experts_fp8_cuda(x2d: jax.Array, topk_ids: jax.Array, topk_weights: j
     (arrays in x's dtype, or QuantizedWeights for inference)."""
     del save  # only a differentiated forward keeps h
     wgu, wd = _forward_weights(w_gate_up, w_down, recipe)
-    y, _ = targets.fp8_forward(quantize_rows(x2d, recipe), topk_ids, topk_weights, wgu, wd,
+    y, _ = targets.fp8_forward(quantization.quantize(x2d, recipe), topk_ids, topk_weights, wgu, wd,
                                recipe, x2d.dtype, False)
     return y
 
@@ -75,7 +68,7 @@ def _cuda_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, save):
             raise TypeError(
                 f"jax_mok: {name} is pre-quantized (jax_mok.quantize_params), which serves "
                 "inference only; differentiate with the unquantized MoEParams instead")
-    x_q = quantize_rows(x2d, recipe)
+    x_q = quantization.quantize(x2d, recipe)
     wgu, wd = _forward_weights(w_gate_up, w_down, recipe)
     y, h = targets.fp8_forward(x_q, topk_ids, topk_weights, wgu, wd, recipe, x2d.dtype, save)
     return y, (x2d, x_q, topk_ids, topk_weights, w_gate_up, w_down, wgu, h)
@@ -86,7 +79,7 @@ def _cuda_bwd(recipe, save, residuals, dy):
     x2d, x_q, topk_ids, topk_weights, w_gate_up, w_down, wgu_fwd, h = residuals
     dy = dy.astype(x2d.dtype)
     dx, d_w, d_gu, d_dn = targets.fp8_backward(
-        dy, quantize_rows(dy, recipe), x2d, x_q, topk_ids, topk_weights, wgu_fwd,
+        dy, quantization.quantize(dy, recipe), x2d, x_q, topk_ids, topk_weights, wgu_fwd,
         weight_k_major(w_down, 2, recipe), weight_k_major(w_gate_up, 2, recipe), h, recipe)
     return dx, None, d_w, d_gu.astype(w_gate_up.dtype), d_dn.astype(w_down.dtype)
 
@@ -126,5 +119,5 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
     return fp8.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
 
 
-__all__ = ["cuda_limits", "quantize_rows", "routed_experts_fp8", "routed_experts_fp8_cuda",
+__all__ = ["cuda_limits", "routed_experts_fp8", "routed_experts_fp8_cuda",
            "weight_k_major"]
