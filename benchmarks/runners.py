@@ -9,10 +9,10 @@ reference outputs, the check and the timing). A reason an item cannot run here b
 from __future__ import annotations
 
 import functools
-import os
 import time
 
 from benchmarks.impls import FP8_TOLERANCE, IMPLS, tolerances
+from jax_mok import tuning
 
 
 def _tolerances(sr, name: str) -> dict | None:
@@ -51,7 +51,7 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
         path, reason = peers_jax.fp8_path(
             jitted, (s0.x, s0.ids, s0.weights, *weights0, probe.dy_check), sr.platform)
         record["fp8_path"] = path
-        if reason is not None and os.environ.get("JAX_MOK_BENCH_FP8_PURE_JAX") != "1":
+        if reason is not None and not tuning.read("JAX_MOK_BENCH_FP8_PURE_JAX"):
             return _unavailable(record, reason)
     weights = [(s.w_gate_up, s.w_down) for s in problem.sets]
     if impl.prequantized:

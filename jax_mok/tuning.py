@@ -279,6 +279,9 @@ REGISTRY: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("JAX_MOK_BENCH_TORCH_CPU", "0 | 1", "0",
            "run the PyTorch peer B3 on the CPU too (to test its math)", "benchmarks/", "bench",
            _flag),
+    EnvVar("JAX_MOK_BENCH_FP8_PURE_JAX", "0 | 1", "0",
+           "time an FP8 row even where its call runs the pure-JAX FP8 layer instead of the "
+           "kernels (the record's fp8_path says which)", "benchmarks/", "bench", _flag),
 )}
 
 
