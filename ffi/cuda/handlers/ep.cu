@@ -11,6 +11,7 @@
 #include "common/bindings.h"
 #include "common/env.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/ep.h"
 #include "cuda/host/peer_call.h"
 #include "cuda/host/stage.h"
@@ -163,16 +164,8 @@ void SetReduction(const ffi::AnyBuffer& home_row, ffi::AnyBuffer& y, int64_t H, 
 
 }  // namespace mok::cuda::ep
 
-namespace {
-auto EpContext() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-}  // namespace
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpDispatchCuda, mok::cuda::ep::Dispatch,
-                              mok::AppendPeerAttrs(EpContext()
+                              mok::AppendPeerAttrs(mok::cuda::BindStreamDevice()
                                                        .Arg<xla::ffi::AnyBuffer>()   // x [EP, R, H]
                                                        .Arg<xla::ffi::AnyBuffer>()   // topk_ids
                                                        .Arg<xla::ffi::AnyBuffer>()   // topk_weights
@@ -182,14 +175,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpDispatchCuda, mok::cuda::ep::Dispatch,
                                   .Attr<int32_t>("phase"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpCombineCuda, mok::cuda::ep::Combine,
-                              mok::AppendPeerAttrs(EpContext()
+                              mok::AppendPeerAttrs(mok::cuda::BindStreamDevice()
                                                        .Arg<xla::ffi::AnyBuffer>()  // rows [EP,R,H]
                                                        .Arg<xla::ffi::AnyBuffer>()  // home_row
                                                        .Ret<xla::ffi::AnyBuffer>())  // y [T, H]
                                   .Attr<int32_t>("phase"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokHomeSumCuda, mok::cuda::ep::HomeSum,
-                              EpContext()
+                              mok::cuda::BindStreamDevice()
                                   .Arg<xla::ffi::AnyBuffer>()    // rows [EP, R, H]
                                   .Arg<xla::ffi::AnyBuffer>()    // home_row [T, EP] i32
                                   .Ret<xla::ffi::AnyBuffer>());  // y [T, H] f32

@@ -12,6 +12,7 @@
 
 #include "common/bindings.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/ep.h"
 #include "cuda/host/launch.h"
 #include "cuda/host/peer_call.h"
@@ -326,17 +327,10 @@ ffi::Error FusedBackwardRecompute(cudaStream_t stream, ffi::ScratchAllocator scr
 }  // namespace mok::cuda::ep
 
 namespace {
-// The fused calls also allocate XLA scratch for the single-GPU phases.
-auto FusedContext() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::ScratchAllocator>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-
-// The operands of mok_ep_moe_fwd and mok_ep_moe_fwd_train.
+// The operands of mok_ep_moe_fwd and mok_ep_moe_fwd_train (the fused calls also allocate XLA
+// scratch for the single-GPU phases).
 auto FusedForwardOperands() {
-  return FusedContext()
+  return mok::cuda::BindStreamScratchDevice()
       .Arg<xla::ffi::AnyBuffer>()   // x [EP, R, H]
       .Arg<xla::ffi::AnyBuffer>()   // topk_ids [EP, R, k] i32
       .Arg<xla::ffi::AnyBuffer>()   // topk_weights [EP, R, k] f32
@@ -374,7 +368,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                        .Ret<xla::ffi::AnyBuffer>()));  // received w [EP*R, k]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
-                              BindFusedAttrs(FusedContext()
+                              BindFusedAttrs(mok::cuda::BindStreamScratchDevice()
                                                  .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
                                                  .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
                                                  .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]
@@ -388,7 +382,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
                                                  .Ret<xla::ffi::AnyBuffer>()));  // d_w_down
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdRecomputeCuda, mok::cuda::ep::FusedBackwardRecompute,
-                              BindFusedAttrs(FusedContext()
+                              BindFusedAttrs(mok::cuda::BindStreamScratchDevice()
                                                  .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
                                                  .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
                                                  .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]

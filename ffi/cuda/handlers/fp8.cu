@@ -15,9 +15,12 @@
 // dim), 2 fp8_block (scales float32: 1x128 for activations, 128x128 blocks for weights).
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/bindings.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/fp8.h"
 #include "cuda/host/device.h"
 #include "cuda/host/stage.h"
@@ -246,26 +249,8 @@ ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Resul
 }  // namespace mok::cuda::fp8
 
 namespace {
-auto Fp8Context() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::ScratchAllocator>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-
 // x_q, x_s, topk_ids, topk_weights, w_gate_up_q, its scales, w_down_q, its scales.
-auto Fp8ForwardOperands() {
-  auto b = Fp8Context();
-  return std::move(b)
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>();
-}
+auto Fp8ForwardOperands() { return mok::AppendBuffers<8>(mok::cuda::BindStreamScratchDevice()); }
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdFp8Cuda, mok::cuda::fp8::MoeFwdFp8,
@@ -282,35 +267,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainFp8Cuda, mok::cuda::fp8::MoeFwdTrain
 namespace {
 // dy, dy_q, dy_s, x, x_q, x_s, topk_ids, topk_weights, w_gate_up_q [E, 2F, H] + scales,
 // w_down_b [E, F, H] + scales, w_gate_up_b [E, H, 2F] + scales.
-auto Fp8BackwardOperands() {
-  auto b = Fp8Context();
-  auto with_activations = std::move(b)
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>();
-  return std::move(with_activations)
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>();
-}
+auto Fp8BackwardOperands() { return mok::AppendBuffers<14>(mok::cuda::BindStreamScratchDevice()); }
 
 // dx, d_topk_weights, d_w_gate_up, d_w_down; the recipe.
 template <typename Binding>
 auto Fp8GradientRets(Binding&& b) {
-  return std::move(b)
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Attr<int32_t>("recipe");
+  return mok::AppendGradientRets(std::move(b)).template Attr<int32_t>("recipe");
 }
 }  // namespace
 
@@ -321,9 +283,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedFp8Cuda, mok::cuda::fp8::MoeBwdSaved
                               Fp8GradientRets(Fp8BackwardOperands().Arg<xla::ffi::AnyBuffer>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeCuda, mok::cuda::fp8::Quantize,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                              mok::cuda::BindStreamDevice()
                                   .Arg<xla::ffi::AnyBuffer>()  // x [R, C]
                                   .Ret<xla::ffi::AnyBuffer>()  // values
                                   .Ret<xla::ffi::AnyBuffer>()  // scales

@@ -7,6 +7,7 @@
 #include "common/bindings.h"
 #include "common/env.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/moe.h"
 #include "cuda/host/device.h"
 #include "cuda/host/plan.h"
@@ -160,22 +161,15 @@ bool HasWgmmaPath() { return kHasWgmma; }
 
 }  // namespace mok::cuda
 
-namespace {
 // Context first (stream, scratch, device), then the operands shared with every backend.
-auto CudaContext() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::ScratchAllocator>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-}  // namespace
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCuda, mok::cuda::MoeFwd,
+                              mok::BindForward(mok::cuda::BindStreamScratchDevice()));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCuda, mok::cuda::MoeFwd, mok::BindForward(CudaContext()));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCuda, mok::cuda::MoeBwd, mok::BindBackward(CudaContext()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCuda, mok::cuda::MoeBwd,
+                              mok::BindBackward(mok::cuda::BindStreamScratchDevice()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainCuda, mok::cuda::MoeFwdTrain,
-                              mok::BindForwardTrain(CudaContext()));
+                              mok::BindForwardTrain(mok::cuda::BindStreamScratchDevice()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedCuda, mok::cuda::MoeBwdSaved,
-                              mok::BindBackwardSaved(CudaContext()));
+                              mok::BindBackwardSaved(mok::cuda::BindStreamScratchDevice()));
