@@ -34,8 +34,7 @@ using ffi::AnyBuffer;
 using ffi::DataType;
 
 ffi::Error CheckRecipe(int32_t recipe) {
-  MOK_CUDA_CHECK(recipe == 1 || recipe == 2, "recipe must be 1 (mxfp8) or 2 (fp8_block), got ",
-                 recipe);
+  MOK_CHECK(recipe == 1 || recipe == 2, "recipe must be 1 (mxfp8) or 2 (fp8_block), got ", recipe);
   return ffi::Error::Success();
 }
 
@@ -51,9 +50,9 @@ ffi::Error CheckDims(const char* name, const AnyBuffer& a, std::initializer_list
   std::string want = "[", got = "[";
   for (int64_t v : dims) want += (want.size() > 1 ? ", " : "") + std::to_string(v);
   for (size_t j = 0; j < d.size(); ++j) got += (j ? ", " : "") + std::to_string(d[j]);
-  return ffi::Error::InvalidArgument(Msg("jax_mok: ", name, " must be ", want, "] (dtype ",
-                                         DtypeName(dtype), "), got ", got, "] (dtype ",
-                                         DtypeName(a.element_type()), ")"));
+  return ffi::Error::InvalidArgument(StrCat("jax_mok: ", name, " must be ", want, "] (dtype ",
+                                            DtypeName(dtype), "), got ", got, "] (dtype ",
+                                            DtypeName(a.element_type()), ")"));
 }
 
 // A quantized [.., rows, k] operand (reduction dim last) and its scales: [.., rows, k / 32] bytes
@@ -66,10 +65,10 @@ ffi::Error CheckQuantized(const char* name, const AnyBuffer& v, const AnyBuffer&
   dims.push_back(rows);
   dims.push_back(k);
   auto vd = v.dimensions();
-  MOK_CUDA_CHECK(v.element_type() == DataType::F8E4M3FN && vd.size() == dims.size(), name,
-                 " must be float8_e4m3fn of rank ", dims.size());
+  MOK_CHECK(v.element_type() == DataType::F8E4M3FN && vd.size() == dims.size(), name,
+            " must be float8_e4m3fn of rank ", dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
-    MOK_CUDA_CHECK(vd[i] == dims[i], name, " dim ", i, " must be ", dims[i], ", got ", vd[i]);
+    MOK_CHECK(vd[i] == dims[i], name, " dim ", i, " must be ", dims[i], ", got ", vd[i]);
   std::vector<int64_t> sdims(lead);
   if (recipe == 1) {
     sdims.push_back(rows), sdims.push_back(k / 32);
@@ -77,12 +76,11 @@ ffi::Error CheckQuantized(const char* name, const AnyBuffer& v, const AnyBuffer&
     sdims.push_back(weight ? rows / 128 : rows), sdims.push_back(k / 128);
   }
   auto sd = s.dimensions();
-  MOK_CUDA_CHECK(s.element_type() == ScaleType(recipe) && sd.size() == sdims.size(), name,
-                 " scales must be ", recipe == 1 ? "float8_e8m0fnu" : "float32", " of rank ",
-                 sdims.size());
+  MOK_CHECK(s.element_type() == ScaleType(recipe) && sd.size() == sdims.size(), name,
+            " scales must be ", recipe == 1 ? "float8_e8m0fnu" : "float32", " of rank ",
+            sdims.size());
   for (size_t i = 0; i < sdims.size(); ++i)
-    MOK_CUDA_CHECK(sd[i] == sdims[i], name, " scales dim ", i, " must be ", sdims[i], ", got ",
-                   sd[i]);
+    MOK_CHECK(sd[i] == sdims[i], name, " scales dim ", i, " must be ", sdims[i], ", got ", sd[i]);
   out->values = static_cast<const uint8_t*>(v.untyped_data());
   out->scales = static_cast<const uint8_t*>(s.untyped_data());
   return ffi::Error::Success();
@@ -94,19 +92,19 @@ ffi::Error ReadFp8Problem(const AnyBuffer& x_q, const AnyBuffer& ids, const AnyB
                           const AnyBuffer& w_down, bool backward_layout, DataType dtype,
                           Problem* pr) {
   auto xd = x_q.dimensions(), id = ids.dimensions(), dn = w_down.dimensions();
-  MOK_CUDA_CHECK(xd.size() == 2 && id.size() == 2 && dn.size() == 3,
-                 "x_q must be [T, H], topk_ids [T, k], w_down [E, ., .]");
+  MOK_CHECK(xd.size() == 2 && id.size() == 2 && dn.size() == 3,
+            "x_q must be [T, H], topk_ids [T, k], w_down [E, ., .]");
   pr->tokens = xd[0], pr->hidden = xd[1], pr->top_k = id[1], pr->experts = dn[0];
   pr->ffn = backward_layout ? dn[1] : dn[2];
   pr->dtype = dtype;
-  MOK_CUDA_CHECK(dtype == DataType::BF16 || dtype == DataType::F32,
-                 "the FP8 layer's outputs must be bfloat16 or float32");
-  MOK_CUDA_CHECK(id[0] == pr->tokens && ids.element_type() == DataType::S32,
-                 "topk_ids must be int32 [T=", pr->tokens, ", k]");
+  MOK_CHECK(dtype == DataType::BF16 || dtype == DataType::F32,
+            "the FP8 layer's outputs must be bfloat16 or float32");
+  MOK_CHECK(id[0] == pr->tokens && ids.element_type() == DataType::S32,
+            "topk_ids must be int32 [T=", pr->tokens, ", k]");
   MOK_RETURN_IF_ERROR(CheckDims("topk_weights", w, {pr->tokens, pr->top_k}, DataType::F32));
-  MOK_CUDA_CHECK(pr->hidden % 128 == 0 && pr->ffn % 128 == 0,
-                 "the FP8 kernels need H and F to be multiples of 128, got H=", pr->hidden,
-                 " F=", pr->ffn);
+  MOK_CHECK(pr->hidden % 128 == 0 && pr->ffn % 128 == 0,
+            "the FP8 kernels need H and F to be multiples of 128, got H=", pr->hidden,
+            " F=", pr->ffn);
   return CheckCommon(*pr);
 }
 
@@ -226,11 +224,11 @@ ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Resul
                     ffi::Result<AnyBuffer> scales, int32_t recipe) {
   MOK_RETURN_IF_ERROR(CheckRecipe(recipe));
   auto d = x.dimensions();
-  MOK_CUDA_CHECK(d.size() == 2, "mok_quantize takes x [rows, cols], got rank ", d.size());
-  MOK_CUDA_CHECK(x.element_type() == DataType::BF16 || x.element_type() == DataType::F32,
-                 "mok_quantize takes bfloat16 or float32 x");
+  MOK_CHECK(d.size() == 2, "mok_quantize takes x [rows, cols], got rank ", d.size());
+  MOK_CHECK(x.element_type() == DataType::BF16 || x.element_type() == DataType::F32,
+            "mok_quantize takes bfloat16 or float32 x");
   const int64_t rows = d[0], cols = d[1];
-  MOK_CUDA_CHECK(cols % 128 == 0, "mok_quantize needs cols to be a multiple of 128, got ", cols);
+  MOK_CHECK(cols % 128 == 0, "mok_quantize needs cols to be a multiple of 128, got ", cols);
   MOK_RETURN_IF_ERROR(CheckDims("values", *values, {rows, cols}, DataType::F8E4M3FN));
   MOK_RETURN_IF_ERROR(
       CheckDims("scales", *scales, {rows, cols / (recipe == 1 ? 32 : 128)}, ScaleType(recipe)));

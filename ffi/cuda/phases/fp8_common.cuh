@@ -45,9 +45,9 @@ inline bool EncodeFp8(CUtensorMap* map, const void* base, int64_t k, int64_t row
 // one scale row per B row ([E][rows][k / 32] bytes).
 inline ffi::Error SetOperandB(Fp8GemmParams& p, Quantized b, int64_t rows, int64_t k,
                               int64_t experts, bool block_scales, const char* name) {
-  MOK_CUDA_CHECK(EncodeFp8(&p.tmap_b, b.values, k, rows, experts),
-                 "could not encode the TMA descriptor of ", name, " [", experts, ", ", rows, ", ",
-                 k, "] (float8_e4m3fn)");
+  MOK_CHECK(EncodeFp8(&p.tmap_b, b.values, k, rows, experts),
+            "could not encode the TMA descriptor of ", name, " [", experts, ", ", rows, ", ", k,
+            "] (float8_e4m3fn)");
   p.b_rows = static_cast<int>(rows);
   p.b_scale = b.scales;
   if (block_scales) {
