@@ -234,8 +234,7 @@ ffi::Error FusedBackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch
   const symmetric::View& v = call.view();
   const int ep = v.ep_size;
   Problem pr;
-  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
-  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  MOK_RETURN_IF_ERROR(ReadCudaProblem(x, ids, w, wgu, wd, &pr));
   const Plan plan = ChoosePlan(pr, kernel, call.device());
   auto gd = dy_rows.dimensions();
   MOK_CHECK(gd.size() == 3 && gd[0] == ep && gd[0] * gd[1] == pr.tokens && gd[2] == pr.hidden &&

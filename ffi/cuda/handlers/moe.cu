@@ -49,8 +49,7 @@ ffi::Error ForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int3
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prologue(device, pregather_x, gemm, &options, &dev));
   Problem pr;
-  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
-  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  MOK_RETURN_IF_ERROR(ReadCudaProblem(x, ids, w, wgu, wd, &pr));
   MOK_RETURN_IF_ERROR(CheckSameShape("y", y, pr.tokens, pr.hidden, pr.dtype));
   if (h) MOK_RETURN_IF_ERROR(CheckSaved(pr, *h));
   const Plan plan = ChoosePlan(pr, options, dev);
@@ -97,8 +96,7 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prologue(device, pregather_x, gemm, &options, &dev));
   Problem pr;
-  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
-  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  MOK_RETURN_IF_ERROR(ReadCudaProblem(x, ids, w, wgu, wd, &pr));
   MOK_RETURN_IF_ERROR(CheckSameShape("dy", dy, pr.tokens, pr.hidden, pr.dtype));
   MOK_RETURN_IF_ERROR(CheckSameShape("dx", dx, pr.tokens, pr.hidden, pr.dtype));
   MOK_RETURN_IF_ERROR(
