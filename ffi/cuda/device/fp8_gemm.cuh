@@ -1,14 +1,14 @@
 // The Hopper FP8 grouped GEMM of both recipes (fp8_format.cuh): E4M3 operands, float32
 // accumulation, block scales applied in float32 by the CUDA cores ("promotion").
 //
-//   CTA tile 128 (M) x 256 (N) x 128 (K per stage), the BF16 kernel's tile (mainloop.cuh), so the
-//   routing schedule and the epilogues are shared with it. Warpgroup 0 produces; warpgroups 1 and
-//   2 consume 64 rows each, their 256 columns as two halves of 128 (wgmma m64n128k32, both
-//   operands K-major as FP8 wgmma requires). A scale block covers 128 K (fp8_block) or 32 K
-//   (mxfp8): the wgmmas of one half and one scale block accumulate into a fresh register tile
-//   `part` (64 floats), which is added to the float32 accumulator (128 floats) times (scale of the
-//   A row) x (scale of the B column). FP8 wgmma accumulates with limited precision, so no more
-//   than one scale block ever sums inside the tensor cores.
+//   CTA tile 128 (M) x 256 (N) x 128 (K per stage), the BF16 kernel's tile (mainloop_sm90.cuh),
+//   so the routing schedule and the epilogues are shared with it. Warpgroup 0 produces;
+//   warpgroups 1 and 2 consume 64 rows each, their 256 columns as two halves of 128 (wgmma
+//   m64n128k32, both operands K-major as FP8 wgmma requires). A scale block covers 128 K
+//   (fp8_block) or 32 K (mxfp8): the wgmmas of one half and one scale block accumulate into a fresh
+//   register tile `part` (64 floats), which is added to the float32 accumulator (128 floats) times
+//   (scale of the A row) x (scale of the B column). FP8 wgmma accumulates with limited precision,
+//   so no more than one scale block ever sums inside the tensor cores.
 //
 //   Operand A: rows of an FP8 matrix, K contiguous, gathered (routed rows) or not, by cp.async into
 //   128B-swizzled smem; its scales, 4 bytes per row per stage, by plain loads converted to float32
@@ -102,7 +102,7 @@ struct alignas(1024) Fp8Smem {
   float sb[kStages][kScaleSteps<R>][kBN];  // B scales per B row, or per half in [.][0][0..1]
   uint64_t full[kStages], empty[kStages];
   int64_t rows[kBM];                            // source row of each tile row (-1: none)
-  alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop.cuh)
+  alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop_sm90.cuh)
 };
 // The expert tables follow the struct: mtile_prefix / k_offset [E+1], expert_offset / k_offset.
 template <Recipe R>

@@ -12,7 +12,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
                      const DeviceInfo& dev, const Problem& pr, const Backward8Operands& op, T* dx,
                      float* d_w, T* d_w_gate_up, T* d_w_down) {
   const int64_t P = pr.assignments(), H = pr.hidden, F = pr.ffn, E = pr.experts;
-  // Each expert's positions padded to 128 (quantize.cuh): at most 127 extra per expert.
+  // Each expert's positions padded to 128 (fp8_quantize.cuh): at most 127 extra per expert.
   const int64_t padded = CeilDiv(P + E * 127, 128) * int64_t{128};
   const int g_tiles = CeilDiv(F, kBN);  // d_w partials per position (one per n-tile)
   struct {
