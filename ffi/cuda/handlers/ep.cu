@@ -109,8 +109,6 @@ ffi::Error HomeSum(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
                    ffi::AnyBuffer home_row, ffi::Result<ffi::AnyBuffer> y) {
   MOK_RETURN_IF_ERROR(env::Status());
   auto rd = rows.dimensions();
-  auto hd = home_row.dimensions();
-  auto yd = y->dimensions();
   MOK_CHECK(rd.size() == 3, "rows must be [EP, R, H], got rank ", rd.size());
   const int64_t ep = rd[0], R = rd[1], H = rd[2];
   const ffi::DataType dt = rows.element_type();
@@ -118,14 +116,10 @@ ffi::Error HomeSum(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
             "rows must be bfloat16 or float32, got ", DtypeName(dt));
   const int64_t vec = dt == ffi::DataType::BF16 ? 8 : 4;
   MOK_CHECK(H % vec == 0, "mok_home_sum needs H to be a multiple of ", vec, ", got H=", H);
-  MOK_CHECK(hd.size() == 2 && hd[1] == ep && home_row.element_type() == ffi::DataType::S32,
-            "home_row must be int32 [T, EP=", ep, "]");
-  MOK_CHECK(
-      yd.size() == 2 && yd[0] == hd[0] && yd[1] == H && y->element_type() == ffi::DataType::F32,
-      "y must be float32 [T=", hd[0], ", H=", H, "]");
+  MOK_RETURN_IF_ERROR(CheckCombineShapes(static_cast<int>(ep), home_row, *y, H));
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
-  const int64_t tokens = hd[0];
+  const int64_t tokens = home_row.dimensions()[0];
   if (tokens == 0) return ffi::Error::Success();
   const int grid = ExchangeGrid(tokens * H * 4, dev.sms, kDefaultCtasPerSm);
   const char* base = static_cast<const char*>(rows.untyped_data());
