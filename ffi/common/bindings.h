@@ -62,6 +62,16 @@ auto AppendPeerAttrs(Binding&& binding) {
 // ------------------------------------------------------------------ operands
 // Building blocks (taking the binding by reference: a Binding cannot be copied or moved into a
 // by-value parameter, only chained).
+// `n` operands (AnyBuffer each), for a call whose operand list the helpers below do not spell.
+template <int n, typename Binding>
+auto AppendBuffers(Binding&& binding) {
+  static_assert(n >= 1, "AppendBuffers appends at least one operand");
+  if constexpr (n == 1)
+    return std::move(binding).template Arg<xla::ffi::AnyBuffer>();
+  else
+    return AppendBuffers<n - 1>(std::move(binding).template Arg<xla::ffi::AnyBuffer>());
+}
+
 // The five operands of the layer, in order: x [T, H], topk_ids [T, k] i32, topk_weights [T, k] f32,
 // w_gate_up [E, H, 2F], w_down [E, F, H].
 template <typename Binding>

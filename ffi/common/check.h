@@ -3,9 +3,8 @@
 // Python exception. Handlers return errors; they never abort the process.
 //   MOK_CHECK(cond, parts...)       -> ffi::Error::InvalidArgument("jax_mok: " + parts)
 //   MOK_RETURN_IF_ERROR(expr)       -> propagates a failed ffi::Error
-//   MOK_CUDA_CHECK(cond, parts...)  -> MOK_CHECK (the same check, as the CUDA sources spell it)
 //   MOK_CUDA_RETURN(cuda_call)      -> ffi::Error::Internal naming the call and the CUDA error
-// The CUDA members expand only where cuda_runtime.h is included; this header itself needs none.
+// MOK_CUDA_RETURN expands only where cuda_runtime.h is included; this header itself needs none.
 #pragma once
 
 #include <cstdint>
@@ -36,12 +35,6 @@ std::string StrCat(const Args&... args) {
   return out;
 }
 
-// StrCat under the name the CUDA sources use.
-template <typename... Args>
-std::string Msg(const Args&... args) {
-  return StrCat(args...);
-}
-
 }  // namespace mok
 
 // Returns ffi::Error::InvalidArgument("<message>") from the enclosing handler when cond is false.
@@ -58,8 +51,6 @@ std::string Msg(const Args&... args) {
     ::xla::ffi::Error mok_error_ = (expr);       \
     if (mok_error_.failure()) return mok_error_; \
   } while (0)
-
-#define MOK_CUDA_CHECK(cond, ...) MOK_CHECK(cond, __VA_ARGS__)
 
 // Returns ffi::Error::Internal naming the CUDA runtime call and its error when it fails.
 #define MOK_CUDA_RETURN(expr)                                                            \

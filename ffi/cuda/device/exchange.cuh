@@ -11,7 +11,7 @@
 //               the rows where they landed, for the expert GEMMs that follow in the same call;
 //   5. finish : the last CTA to finish reading stores epoch, so the next call uses epoch + 1.
 // Co-residency: the grid is at most ctas_per_sm (<= 4) x SMs CTAs of kThreads threads
-// (host/peer_call.cc): a CTA spinning on a peer's flag never keeps a CTA of its own grid, whose
+// (host/peer_call.cu): a CTA spinning on a peer's flag never keeps a CTA of its own grid, whose
 // stores that peer may wait for, from being scheduled.
 //
 // Ordering (docs/peer-transport.md, "Memory ordering and epochs"): data stores, then a system-scope

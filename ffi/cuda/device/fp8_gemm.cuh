@@ -1,14 +1,14 @@
 // The Hopper FP8 grouped GEMM of both recipes (fp8_format.cuh): E4M3 operands, float32
 // accumulation, block scales applied in float32 by the CUDA cores ("promotion").
 //
-//   CTA tile 128 (M) x 256 (N) x 128 (K per stage), the BF16 kernel's tile (mainloop.cuh), so the
-//   routing schedule and the epilogues are shared with it. Warpgroup 0 produces; warpgroups 1 and
-//   2 consume 64 rows each, their 256 columns as two halves of 128 (wgmma m64n128k32, both
-//   operands K-major as FP8 wgmma requires). A scale block covers 128 K (fp8_block) or 32 K
-//   (mxfp8): the wgmmas of one half and one scale block accumulate into a fresh register tile
-//   `part` (64 floats), which is added to the float32 accumulator (128 floats) times (scale of the
-//   A row) x (scale of the B column). FP8 wgmma accumulates with limited precision, so no more
-//   than one scale block ever sums inside the tensor cores.
+//   CTA tile 128 (M) x 256 (N) x 128 (K per stage), the BF16 kernel's tile (mainloop_sm90.cuh),
+//   so the routing schedule and the epilogues are shared with it. Warpgroup 0 produces;
+//   warpgroups 1 and 2 consume 64 rows each, their 256 columns as two halves of 128 (wgmma
+//   m64n128k32, both operands K-major as FP8 wgmma requires). A scale block covers 128 K
+//   (fp8_block) or 32 K (mxfp8): the wgmmas of one half and one scale block accumulate into a fresh
+//   register tile `part` (64 floats), which is added to the float32 accumulator (128 floats) times
+//   (scale of the A row) x (scale of the B column). FP8 wgmma accumulates with limited precision,
+//   so no more than one scale block ever sums inside the tensor cores.
 //
 //   Operand A: rows of an FP8 matrix, K contiguous, gathered (routed rows) or not, by cp.async into
 //   128B-swizzled smem; its scales, 4 bytes per row per stage, by plain loads converted to float32
@@ -77,34 +77,11 @@ struct Fp8GemmParams {
   alignas(64) CUtensorMap tmap_b;
 };
 
+// The BF16 kernels' tile schedule (gemm_params.cuh: total_tiles, decode_tile) of a tile shape:
+// kExpertK is their routed-K order, kRoutedM their routed-M order (which B's layout does not
+// change; kRoutedBN stands for it).
 template <TileShape kShape>
-__device__ __forceinline__ int fp8_total_tiles(const Fp8GemmParams& p, const int* s_prefix) {
-  if constexpr (kShape == TileShape::kExpertK)
-    return p.experts * p.m_tiles * p.n_tiles;
-  else
-    return s_prefix[p.experts] * p.n_tiles;
-}
-
-template <TileShape kShape>
-__device__ __forceinline__ WorkTile fp8_decode(const Fp8GemmParams& p, int tile,
-                                               const int* s_prefix, const int* s_offset) {
-  WorkTile w;
-  if constexpr (kShape == TileShape::kExpertK) {
-    const int per_expert = p.m_tiles * p.n_tiles;
-    w.expert = tile / per_expert;
-    const int local = tile - w.expert * per_expert;
-    w.n_tile = local / p.m_tiles;
-    w.row0 = (local - w.n_tile * p.m_tiles) * kBM;
-    w.rows = min(kBM, p.M - w.row0);
-    w.k_off = s_offset[w.expert];
-    w.k_len = s_offset[w.expert + 1] - w.k_off;
-  } else {
-    const RoutedTile t = decode_routed_tile(tile, s_prefix, s_offset, p.experts, p.n_tiles);
-    w.expert = t.expert, w.row0 = t.row0, w.rows = t.rows, w.n_tile = t.n_tile;
-    w.k_off = 0, w.k_len = p.K;
-  }
-  return w;
-}
+constexpr Mode kScheduleOf = kShape == TileShape::kExpertK ? Mode::kRoutedK : Mode::kRoutedBN;
 
 // First B row of box j (0..3): boxes 0, 1 fill half 0, boxes 2, 3 half 1. Gate/up tiles put the
 // 128 gate columns of F in half 0 and their up columns in half 1.
@@ -125,7 +102,7 @@ struct alignas(1024) Fp8Smem {
   float sb[kStages][kScaleSteps<R>][kBN];  // B scales per B row, or per half in [.][0][0..1]
   uint64_t full[kStages], empty[kStages];
   int64_t rows[kBM];                            // source row of each tile row (-1: none)
-  alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop.cuh)
+  alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop_sm90.cuh)
 };
 // The expert tables follow the struct: mtile_prefix / k_offset [E+1], expert_offset / k_offset.
 template <Recipe R>
@@ -142,11 +119,11 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
 template <Recipe R, TileShape kShape, bool kBPerRow>
 __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int t) {
-  const int total = fp8_total_tiles<kShape>(p, s_prefix);
+  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
   int stage = 0, phase = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const WorkTile w = fp8_decode<kShape>(p, tile, s_prefix, s_offset);
+    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     producer_sync();  // the previous tile's rows are no longer read
     {
       int64_t src = -1;
@@ -310,10 +287,10 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   static_assert(decltype(size(part))::value == 64, "64 accumulators per thread and half");
   float acc[128];  // value i + 64 h: half h, in the wgmma order of a 64 x 256 warpgroup tile
   const int r0 = 64 * wg + frag_row(0, t), r1 = 64 * wg + frag_row(2, t);
-  const int total = fp8_total_tiles<kShape>(p, s_prefix);
+  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   int stage = 0, phase = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const WorkTile w = fp8_decode<kShape>(p, tile, s_prefix, s_offset);
+    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {

@@ -129,16 +129,18 @@ struct WorkTile {
   int k_off, k_len;  // routed-K: the expert's first position and count; routed-M: 0, K
 };
 
-template <Mode kMode>
-__device__ __forceinline__ int total_tiles(const GemmParams& p, const int* s_prefix) {
+// The tile schedule of a grouped GEMM. Params: GemmParams, or the FP8 kernels' Fp8GemmParams
+// (fp8_gemm.cuh), which carries the same schedule fields and the same 128-row tiles.
+template <Mode kMode, class Params>
+__device__ __forceinline__ int total_tiles(const Params& p, const int* s_prefix) {
   if constexpr (kMode == Mode::kRoutedK)
     return p.experts * p.m_tiles * p.n_tiles;
   else
     return s_prefix[p.experts] * p.n_tiles;
 }
 
-template <Mode kMode>
-__device__ __forceinline__ WorkTile decode_tile(const GemmParams& p, int tile, const int* s_prefix,
+template <Mode kMode, class Params>
+__device__ __forceinline__ WorkTile decode_tile(const Params& p, int tile, const int* s_prefix,
                                                 const int* s_offset) {
   WorkTile w;
   if constexpr (kMode == Mode::kRoutedK) {

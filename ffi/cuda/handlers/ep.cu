@@ -11,6 +11,7 @@
 #include "common/bindings.h"
 #include "common/env.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/ep.h"
 #include "cuda/host/peer_call.h"
 #include "cuda/host/stage.h"
@@ -108,8 +109,6 @@ ffi::Error HomeSum(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
                    ffi::AnyBuffer home_row, ffi::Result<ffi::AnyBuffer> y) {
   MOK_RETURN_IF_ERROR(env::Status());
   auto rd = rows.dimensions();
-  auto hd = home_row.dimensions();
-  auto yd = y->dimensions();
   MOK_CHECK(rd.size() == 3, "rows must be [EP, R, H], got rank ", rd.size());
   const int64_t ep = rd[0], R = rd[1], H = rd[2];
   const ffi::DataType dt = rows.element_type();
@@ -117,14 +116,10 @@ ffi::Error HomeSum(cudaStream_t stream, int32_t device, ffi::AnyBuffer rows,
             "rows must be bfloat16 or float32, got ", DtypeName(dt));
   const int64_t vec = dt == ffi::DataType::BF16 ? 8 : 4;
   MOK_CHECK(H % vec == 0, "mok_home_sum needs H to be a multiple of ", vec, ", got H=", H);
-  MOK_CHECK(hd.size() == 2 && hd[1] == ep && home_row.element_type() == ffi::DataType::S32,
-            "home_row must be int32 [T, EP=", ep, "]");
-  MOK_CHECK(
-      yd.size() == 2 && yd[0] == hd[0] && yd[1] == H && y->element_type() == ffi::DataType::F32,
-      "y must be float32 [T=", hd[0], ", H=", H, "]");
+  MOK_RETURN_IF_ERROR(CheckCombineShapes(static_cast<int>(ep), home_row, *y, H));
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
-  const int64_t tokens = hd[0];
+  const int64_t tokens = home_row.dimensions()[0];
   if (tokens == 0) return ffi::Error::Success();
   const int grid = ExchangeGrid(tokens * H * 4, dev.sms, kDefaultCtasPerSm);
   const char* base = static_cast<const char*>(rows.untyped_data());
@@ -163,16 +158,8 @@ void SetReduction(const ffi::AnyBuffer& home_row, ffi::AnyBuffer& y, int64_t H, 
 
 }  // namespace mok::cuda::ep
 
-namespace {
-auto EpContext() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-}  // namespace
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpDispatchCuda, mok::cuda::ep::Dispatch,
-                              mok::AppendPeerAttrs(EpContext()
+                              mok::AppendPeerAttrs(mok::cuda::BindStreamDevice()
                                                        .Arg<xla::ffi::AnyBuffer>()   // x [EP, R, H]
                                                        .Arg<xla::ffi::AnyBuffer>()   // topk_ids
                                                        .Arg<xla::ffi::AnyBuffer>()   // topk_weights
@@ -182,14 +169,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpDispatchCuda, mok::cuda::ep::Dispatch,
                                   .Attr<int32_t>("phase"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpCombineCuda, mok::cuda::ep::Combine,
-                              mok::AppendPeerAttrs(EpContext()
+                              mok::AppendPeerAttrs(mok::cuda::BindStreamDevice()
                                                        .Arg<xla::ffi::AnyBuffer>()  // rows [EP,R,H]
                                                        .Arg<xla::ffi::AnyBuffer>()  // home_row
                                                        .Ret<xla::ffi::AnyBuffer>())  // y [T, H]
                                   .Attr<int32_t>("phase"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokHomeSumCuda, mok::cuda::ep::HomeSum,
-                              EpContext()
+                              mok::cuda::BindStreamDevice()
                                   .Arg<xla::ffi::AnyBuffer>()    // rows [EP, R, H]
                                   .Arg<xla::ffi::AnyBuffer>()    // home_row [T, EP] i32
                                   .Ret<xla::ffi::AnyBuffer>());  // y [T, H] f32

@@ -9,9 +9,11 @@
 //                    dispatch of dx and d_topk_weights.
 // Attributes: the peer attributes, then pregather_x and gemm (common/bindings.h).
 #include <cstdint>
+#include <utility>
 
 #include "common/bindings.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/ep.h"
 #include "cuda/host/launch.h"
 #include "cuda/host/peer_call.h"
@@ -47,6 +49,14 @@ struct Residuals {
   ffi::AnyBuffer* h;    // [EP*R*k, 2F] in x's dtype, or nullptr: recomputed by the backward
 };
 
+// The saved pre-activations h [EP*R*k, 2F] in x's dtype (written by the fused forward of a
+// training step, read by the fused backward).
+ffi::Error CheckSavedH(const Problem& pr, const ffi::AnyBuffer& h) {
+  MOK_CHECK(h.element_count() == pr.assignments() * 2 * pr.ffn && h.element_type() == pr.dtype,
+            "h must be [EP*R*k, 2F] in x's dtype");
+  return ffi::Error::Success();
+}
+
 ffi::Error CheckResiduals(const Problem& pr, const Residuals& r) {
   MOK_CHECK(r.x->element_count() == pr.tokens * pr.hidden && r.x->element_type() == pr.dtype,
             "the saved rows must be [EP*R=", pr.tokens, ", H=", pr.hidden, "] in x's dtype");
@@ -54,10 +64,7 @@ ffi::Error CheckResiduals(const Problem& pr, const Residuals& r) {
       r.ids->element_count() == pr.assignments() && r.ids->element_type() == ffi::DataType::S32 &&
           r.w->element_count() == pr.assignments() && r.w->element_type() == ffi::DataType::F32,
       "the saved ids / weights must be int32 / float32 [EP*R=", pr.tokens, ", k=", pr.top_k, "]");
-  MOK_CHECK(r.h == nullptr || (r.h->element_count() == pr.assignments() * 2 * pr.ffn &&
-                               r.h->element_type() == pr.dtype),
-            "h must be [EP*R*k, 2F] in x's dtype");
-  return ffi::Error::Success();
+  return r.h ? CheckSavedH(pr, *r.h) : ffi::Error::Success();
 }
 
 // The fused forward: dispatch into area 2 (rows stay there: x [EP*R, H], ids and weights
@@ -220,17 +227,14 @@ ffi::Error FusedBackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch
                              const ffi::AnyBuffer* h, ffi::Result<ffi::AnyBuffer>& dx,
                              ffi::Result<ffi::AnyBuffer>& d_w, ffi::Result<ffi::AnyBuffer>& d_wgu,
                              ffi::Result<ffi::AnyBuffer>& d_wd, int64_t workspace_id,
-                             int32_t copy_engine, int32_t sync_check, int64_t timeout_ms,
-                             int32_t ctas_per_sm, int32_t pregather_x, int32_t gemm) {
+                             const FusedAttrs& attrs) {
   PeerCall call(stream, device, workspace_id);
   KernelOptions kernel;
-  const FusedAttrs attrs{copy_engine, sync_check, timeout_ms, ctas_per_sm, pregather_x, gemm};
   MOK_RETURN_IF_ERROR(BeginFused(call, attrs, &kernel));
   const symmetric::View& v = call.view();
   const int ep = v.ep_size;
   Problem pr;
-  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
-  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  MOK_RETURN_IF_ERROR(ReadCudaProblem(x, ids, w, wgu, wd, &pr));
   const Plan plan = ChoosePlan(pr, kernel, call.device());
   auto gd = dy_rows.dimensions();
   MOK_CHECK(gd.size() == 3 && gd[0] == ep && gd[0] * gd[1] == pr.tokens && gd[2] == pr.hidden &&
@@ -245,9 +249,7 @@ ffi::Error FusedBackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch
   MOK_CHECK(
       d_wgu->element_count() == wgu.element_count() && d_wd->element_count() == wd.element_count(),
       "d_w_gate_up / d_w_down must match the weights");
-  if (h)
-    MOK_CHECK(h->element_count() == pr.assignments() * 2 * pr.ffn && h->element_type() == pr.dtype,
-              "h must be [EP*R*k, 2F] in x's dtype");
+  if (h) MOK_RETURN_IF_ERROR(CheckSavedH(pr, *h));
   const int64_t area_bytes = ep * RegionBytes(v);
   const int64_t row_chunk = dy_rows.size_bytes() / ep, dw_chunk = R * pr.top_k * 4;
 
@@ -303,9 +305,9 @@ ffi::Error FusedBackward(cudaStream_t stream, ffi::ScratchAllocator scratch, int
                          int64_t workspace_id, int32_t copy_engine, int32_t sync_check,
                          int64_t timeout_ms, int32_t ctas_per_sm, int32_t pregather_x,
                          int32_t gemm) {
+  const FusedAttrs attrs{copy_engine, sync_check, timeout_ms, ctas_per_sm, pregather_x, gemm};
   return FusedBackwardCall(stream, scratch, device, dy_rows, x, ids, w, wgu, wd, &h, dx, d_w, d_wgu,
-                           d_wd, workspace_id, copy_engine, sync_check, timeout_ms, ctas_per_sm,
-                           pregather_x, gemm);
+                           d_wd, workspace_id, attrs);
 }
 
 ffi::Error FusedBackwardRecompute(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -317,32 +319,47 @@ ffi::Error FusedBackwardRecompute(cudaStream_t stream, ffi::ScratchAllocator scr
                                   ffi::Result<ffi::AnyBuffer> d_wd, int64_t workspace_id,
                                   int32_t copy_engine, int32_t sync_check, int64_t timeout_ms,
                                   int32_t ctas_per_sm, int32_t pregather_x, int32_t gemm) {
+  const FusedAttrs attrs{copy_engine, sync_check, timeout_ms, ctas_per_sm, pregather_x, gemm};
   return FusedBackwardCall(stream, scratch, device, dy_rows, x, ids, w, wgu, wd, nullptr, dx, d_w,
-                           d_wgu, d_wd, workspace_id, copy_engine, sync_check, timeout_ms,
-                           ctas_per_sm, pregather_x, gemm);
+                           d_wgu, d_wd, workspace_id, attrs);
 }
 
 }  // namespace
 }  // namespace mok::cuda::ep
 
 namespace {
-// The fused calls also allocate XLA scratch for the single-GPU phases.
-auto FusedContext() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::ScratchAllocator>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-
-// The operands of mok_ep_moe_fwd and mok_ep_moe_fwd_train.
+// The operands of mok_ep_moe_fwd and mok_ep_moe_fwd_train (the fused calls also allocate XLA
+// scratch for the single-GPU phases).
 auto FusedForwardOperands() {
-  return FusedContext()
+  return mok::cuda::BindStreamScratchDevice()
       .Arg<xla::ffi::AnyBuffer>()   // x [EP, R, H]
       .Arg<xla::ffi::AnyBuffer>()   // topk_ids [EP, R, k] i32
       .Arg<xla::ffi::AnyBuffer>()   // topk_weights [EP, R, k] f32
       .Arg<xla::ffi::AnyBuffer>()   // home_row [T, EP] i32
       .Arg<xla::ffi::AnyBuffer>()   // w_gate_up [E_loc, H, 2F]
       .Arg<xla::ffi::AnyBuffer>();  // w_down [E_loc, F, H]
+}
+
+// The results of mok_ep_moe_fwd_train and mok_ep_moe_fwd_train_recompute before h (the saved one
+// only): y and the received rows, which the fused backward reads.
+template <typename Binding>
+auto FusedTrainRets(Binding&& binding) {
+  return std::move(binding)
+      .template Ret<xla::ffi::AnyBuffer>()   // y [T, H] f32
+      .template Ret<xla::ffi::AnyBuffer>()   // received x [EP*R, H]
+      .template Ret<xla::ffi::AnyBuffer>()   // received ids [EP*R, k]
+      .template Ret<xla::ffi::AnyBuffer>();  // received w [EP*R, k]
+}
+
+// The operands of mok_ep_moe_bwd and mok_ep_moe_bwd_recompute before h (the saved one only).
+auto FusedBackwardOperands() {
+  return mok::cuda::BindStreamScratchDevice()
+      .Arg<xla::ffi::AnyBuffer>()   // dy_rows [EP, R, H]
+      .Arg<xla::ffi::AnyBuffer>()   // x [EP*R, H]
+      .Arg<xla::ffi::AnyBuffer>()   // topk_ids [EP*R, k]
+      .Arg<xla::ffi::AnyBuffer>()   // topk_weights [EP*R, k]
+      .Arg<xla::ffi::AnyBuffer>()   // w_gate_up
+      .Arg<xla::ffi::AnyBuffer>();  // w_down
 }
 
 // Every fused call's attributes: the peer transport's, then the kernel choices.
@@ -356,46 +373,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     MokEpMoeFwdCuda, mok::cuda::ep::FusedForward,
     BindFusedAttrs(FusedForwardOperands().Ret<xla::ffi::AnyBuffer>()));  // y [T, H] f32
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    MokEpMoeFwdTrainCuda, mok::cuda::ep::FusedForwardTrain,
-    BindFusedAttrs(FusedForwardOperands()
-                       .Ret<xla::ffi::AnyBuffer>()     // y [T, H] f32
-                       .Ret<xla::ffi::AnyBuffer>()     // received x [EP*R, H]
-                       .Ret<xla::ffi::AnyBuffer>()     // received ids [EP*R, k]
-                       .Ret<xla::ffi::AnyBuffer>()     // received w [EP*R, k]
-                       .Ret<xla::ffi::AnyBuffer>()));  // h [EP*R*k, 2F]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdTrainCuda, mok::cuda::ep::FusedForwardTrain,
+                              BindFusedAttrs(FusedTrainRets(FusedForwardOperands())
+                                                 .Ret<xla::ffi::AnyBuffer>()));  // h [EP*R*k, 2F]
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    MokEpMoeFwdTrainRecomputeCuda, mok::cuda::ep::FusedForwardTrainRecompute,
-    BindFusedAttrs(FusedForwardOperands()
-                       .Ret<xla::ffi::AnyBuffer>()     // y [T, H] f32
-                       .Ret<xla::ffi::AnyBuffer>()     // received x [EP*R, H]
-                       .Ret<xla::ffi::AnyBuffer>()     // received ids [EP*R, k]
-                       .Ret<xla::ffi::AnyBuffer>()));  // received w [EP*R, k]
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeFwdTrainRecomputeCuda,
+                              mok::cuda::ep::FusedForwardTrainRecompute,
+                              BindFusedAttrs(FusedTrainRets(FusedForwardOperands())));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
-                              BindFusedAttrs(FusedContext()
-                                                 .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
-                                                 .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
-                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]
-                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_weights
-                                                 .Arg<xla::ffi::AnyBuffer>()  // w_gate_up
-                                                 .Arg<xla::ffi::AnyBuffer>()  // w_down
-                                                 .Arg<xla::ffi::AnyBuffer>()  // h [EP*R*k, 2F]
-                                                 .Ret<xla::ffi::AnyBuffer>()  // dx [EP, R, H]
-                                                 .Ret<xla::ffi::AnyBuffer>()  // d_topk_weights
-                                                 .Ret<xla::ffi::AnyBuffer>()  // d_w_gate_up
-                                                 .Ret<xla::ffi::AnyBuffer>()));  // d_w_down
+// -> dx [EP, R, H], d_topk_weights [EP, R, k], d_w_gate_up, d_w_down.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    MokEpMoeBwdCuda, mok::cuda::ep::FusedBackward,
+    BindFusedAttrs(mok::AppendGradientRets(
+        FusedBackwardOperands().Arg<xla::ffi::AnyBuffer>())));  // h [EP*R*k, 2F]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokEpMoeBwdRecomputeCuda, mok::cuda::ep::FusedBackwardRecompute,
-                              BindFusedAttrs(FusedContext()
-                                                 .Arg<xla::ffi::AnyBuffer>()  // dy_rows [EP, R, H]
-                                                 .Arg<xla::ffi::AnyBuffer>()  // x [EP*R, H]
-                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_ids [EP*R, k]
-                                                 .Arg<xla::ffi::AnyBuffer>()  // topk_weights
-                                                 .Arg<xla::ffi::AnyBuffer>()  // w_gate_up
-                                                 .Arg<xla::ffi::AnyBuffer>()  // w_down
-                                                 .Ret<xla::ffi::AnyBuffer>()  // dx [EP, R, H]
-                                                 .Ret<xla::ffi::AnyBuffer>()  // d_topk_weights
-                                                 .Ret<xla::ffi::AnyBuffer>()  // d_w_gate_up
-                                                 .Ret<xla::ffi::AnyBuffer>()));  // d_w_down
+                              BindFusedAttrs(mok::AppendGradientRets(FusedBackwardOperands())));

@@ -15,9 +15,12 @@
 // dim), 2 fp8_block (scales float32: 1x128 for activations, 128x128 blocks for weights).
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/bindings.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/fp8.h"
 #include "cuda/host/device.h"
 #include "cuda/host/stage.h"
@@ -31,8 +34,7 @@ using ffi::AnyBuffer;
 using ffi::DataType;
 
 ffi::Error CheckRecipe(int32_t recipe) {
-  MOK_CUDA_CHECK(recipe == 1 || recipe == 2, "recipe must be 1 (mxfp8) or 2 (fp8_block), got ",
-                 recipe);
+  MOK_CHECK(recipe == 1 || recipe == 2, "recipe must be 1 (mxfp8) or 2 (fp8_block), got ", recipe);
   return ffi::Error::Success();
 }
 
@@ -48,9 +50,9 @@ ffi::Error CheckDims(const char* name, const AnyBuffer& a, std::initializer_list
   std::string want = "[", got = "[";
   for (int64_t v : dims) want += (want.size() > 1 ? ", " : "") + std::to_string(v);
   for (size_t j = 0; j < d.size(); ++j) got += (j ? ", " : "") + std::to_string(d[j]);
-  return ffi::Error::InvalidArgument(Msg("jax_mok: ", name, " must be ", want, "] (dtype ",
-                                         DtypeName(dtype), "), got ", got, "] (dtype ",
-                                         DtypeName(a.element_type()), ")"));
+  return ffi::Error::InvalidArgument(StrCat("jax_mok: ", name, " must be ", want, "] (dtype ",
+                                            DtypeName(dtype), "), got ", got, "] (dtype ",
+                                            DtypeName(a.element_type()), ")"));
 }
 
 // A quantized [.., rows, k] operand (reduction dim last) and its scales: [.., rows, k / 32] bytes
@@ -63,10 +65,10 @@ ffi::Error CheckQuantized(const char* name, const AnyBuffer& v, const AnyBuffer&
   dims.push_back(rows);
   dims.push_back(k);
   auto vd = v.dimensions();
-  MOK_CUDA_CHECK(v.element_type() == DataType::F8E4M3FN && vd.size() == dims.size(), name,
-                 " must be float8_e4m3fn of rank ", dims.size());
+  MOK_CHECK(v.element_type() == DataType::F8E4M3FN && vd.size() == dims.size(), name,
+            " must be float8_e4m3fn of rank ", dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
-    MOK_CUDA_CHECK(vd[i] == dims[i], name, " dim ", i, " must be ", dims[i], ", got ", vd[i]);
+    MOK_CHECK(vd[i] == dims[i], name, " dim ", i, " must be ", dims[i], ", got ", vd[i]);
   std::vector<int64_t> sdims(lead);
   if (recipe == 1) {
     sdims.push_back(rows), sdims.push_back(k / 32);
@@ -74,12 +76,11 @@ ffi::Error CheckQuantized(const char* name, const AnyBuffer& v, const AnyBuffer&
     sdims.push_back(weight ? rows / 128 : rows), sdims.push_back(k / 128);
   }
   auto sd = s.dimensions();
-  MOK_CUDA_CHECK(s.element_type() == ScaleType(recipe) && sd.size() == sdims.size(), name,
-                 " scales must be ", recipe == 1 ? "float8_e8m0fnu" : "float32", " of rank ",
-                 sdims.size());
+  MOK_CHECK(s.element_type() == ScaleType(recipe) && sd.size() == sdims.size(), name,
+            " scales must be ", recipe == 1 ? "float8_e8m0fnu" : "float32", " of rank ",
+            sdims.size());
   for (size_t i = 0; i < sdims.size(); ++i)
-    MOK_CUDA_CHECK(sd[i] == sdims[i], name, " scales dim ", i, " must be ", sdims[i], ", got ",
-                   sd[i]);
+    MOK_CHECK(sd[i] == sdims[i], name, " scales dim ", i, " must be ", sdims[i], ", got ", sd[i]);
   out->values = static_cast<const uint8_t*>(v.untyped_data());
   out->scales = static_cast<const uint8_t*>(s.untyped_data());
   return ffi::Error::Success();
@@ -91,19 +92,19 @@ ffi::Error ReadFp8Problem(const AnyBuffer& x_q, const AnyBuffer& ids, const AnyB
                           const AnyBuffer& w_down, bool backward_layout, DataType dtype,
                           Problem* pr) {
   auto xd = x_q.dimensions(), id = ids.dimensions(), dn = w_down.dimensions();
-  MOK_CUDA_CHECK(xd.size() == 2 && id.size() == 2 && dn.size() == 3,
-                 "x_q must be [T, H], topk_ids [T, k], w_down [E, ., .]");
+  MOK_CHECK(xd.size() == 2 && id.size() == 2 && dn.size() == 3,
+            "x_q must be [T, H], topk_ids [T, k], w_down [E, ., .]");
   pr->tokens = xd[0], pr->hidden = xd[1], pr->top_k = id[1], pr->experts = dn[0];
   pr->ffn = backward_layout ? dn[1] : dn[2];
   pr->dtype = dtype;
-  MOK_CUDA_CHECK(dtype == DataType::BF16 || dtype == DataType::F32,
-                 "the FP8 layer's outputs must be bfloat16 or float32");
-  MOK_CUDA_CHECK(id[0] == pr->tokens && ids.element_type() == DataType::S32,
-                 "topk_ids must be int32 [T=", pr->tokens, ", k]");
+  MOK_CHECK(dtype == DataType::BF16 || dtype == DataType::F32,
+            "the FP8 layer's outputs must be bfloat16 or float32");
+  MOK_CHECK(id[0] == pr->tokens && ids.element_type() == DataType::S32,
+            "topk_ids must be int32 [T=", pr->tokens, ", k]");
   MOK_RETURN_IF_ERROR(CheckDims("topk_weights", w, {pr->tokens, pr->top_k}, DataType::F32));
-  MOK_CUDA_CHECK(pr->hidden % 128 == 0 && pr->ffn % 128 == 0,
-                 "the FP8 kernels need H and F to be multiples of 128, got H=", pr->hidden,
-                 " F=", pr->ffn);
+  MOK_CHECK(pr->hidden % 128 == 0 && pr->ffn % 128 == 0,
+            "the FP8 kernels need H and F to be multiples of 128, got H=", pr->hidden,
+            " F=", pr->ffn);
   return CheckCommon(*pr);
 }
 
@@ -223,11 +224,11 @@ ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Resul
                     ffi::Result<AnyBuffer> scales, int32_t recipe) {
   MOK_RETURN_IF_ERROR(CheckRecipe(recipe));
   auto d = x.dimensions();
-  MOK_CUDA_CHECK(d.size() == 2, "mok_quantize takes x [rows, cols], got rank ", d.size());
-  MOK_CUDA_CHECK(x.element_type() == DataType::BF16 || x.element_type() == DataType::F32,
-                 "mok_quantize takes bfloat16 or float32 x");
+  MOK_CHECK(d.size() == 2, "mok_quantize takes x [rows, cols], got rank ", d.size());
+  MOK_CHECK(x.element_type() == DataType::BF16 || x.element_type() == DataType::F32,
+            "mok_quantize takes bfloat16 or float32 x");
   const int64_t rows = d[0], cols = d[1];
-  MOK_CUDA_CHECK(cols % 128 == 0, "mok_quantize needs cols to be a multiple of 128, got ", cols);
+  MOK_CHECK(cols % 128 == 0, "mok_quantize needs cols to be a multiple of 128, got ", cols);
   MOK_RETURN_IF_ERROR(CheckDims("values", *values, {rows, cols}, DataType::F8E4M3FN));
   MOK_RETURN_IF_ERROR(
       CheckDims("scales", *scales, {rows, cols / (recipe == 1 ? 32 : 128)}, ScaleType(recipe)));
@@ -246,26 +247,8 @@ ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Resul
 }  // namespace mok::cuda::fp8
 
 namespace {
-auto Fp8Context() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::ScratchAllocator>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-
 // x_q, x_s, topk_ids, topk_weights, w_gate_up_q, its scales, w_down_q, its scales.
-auto Fp8ForwardOperands() {
-  auto b = Fp8Context();
-  return std::move(b)
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>();
-}
+auto Fp8ForwardOperands() { return mok::AppendBuffers<8>(mok::cuda::BindStreamScratchDevice()); }
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdFp8Cuda, mok::cuda::fp8::MoeFwdFp8,
@@ -282,35 +265,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainFp8Cuda, mok::cuda::fp8::MoeFwdTrain
 namespace {
 // dy, dy_q, dy_s, x, x_q, x_s, topk_ids, topk_weights, w_gate_up_q [E, 2F, H] + scales,
 // w_down_b [E, F, H] + scales, w_gate_up_b [E, H, 2F] + scales.
-auto Fp8BackwardOperands() {
-  auto b = Fp8Context();
-  auto with_activations = std::move(b)
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>()
-                              .Arg<xla::ffi::AnyBuffer>();
-  return std::move(with_activations)
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>()
-      .Arg<xla::ffi::AnyBuffer>();
-}
+auto Fp8BackwardOperands() { return mok::AppendBuffers<14>(mok::cuda::BindStreamScratchDevice()); }
 
 // dx, d_topk_weights, d_w_gate_up, d_w_down; the recipe.
 template <typename Binding>
 auto Fp8GradientRets(Binding&& b) {
-  return std::move(b)
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Ret<xla::ffi::AnyBuffer>()
-      .template Attr<int32_t>("recipe");
+  return mok::AppendGradientRets(std::move(b)).template Attr<int32_t>("recipe");
 }
 }  // namespace
 
@@ -321,9 +281,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedFp8Cuda, mok::cuda::fp8::MoeBwdSaved
                               Fp8GradientRets(Fp8BackwardOperands().Arg<xla::ffi::AnyBuffer>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeCuda, mok::cuda::fp8::Quantize,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                              mok::cuda::BindStreamDevice()
                                   .Arg<xla::ffi::AnyBuffer>()  // x [R, C]
                                   .Ret<xla::ffi::AnyBuffer>()  // values
                                   .Ret<xla::ffi::AnyBuffer>()  // scales

@@ -7,6 +7,7 @@
 #include "common/bindings.h"
 #include "common/env.h"
 #include "common/problem.h"
+#include "cuda/handlers/bind.h"
 #include "cuda/handlers/moe.h"
 #include "cuda/host/device.h"
 #include "cuda/host/plan.h"
@@ -48,8 +49,7 @@ ffi::Error ForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int3
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prologue(device, pregather_x, gemm, &options, &dev));
   Problem pr;
-  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
-  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  MOK_RETURN_IF_ERROR(ReadCudaProblem(x, ids, w, wgu, wd, &pr));
   MOK_RETURN_IF_ERROR(CheckSameShape("y", y, pr.tokens, pr.hidden, pr.dtype));
   if (h) MOK_RETURN_IF_ERROR(CheckSaved(pr, *h));
   const Plan plan = ChoosePlan(pr, options, dev);
@@ -96,8 +96,7 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prologue(device, pregather_x, gemm, &options, &dev));
   Problem pr;
-  MOK_RETURN_IF_ERROR(ReadProblem(x, ids, w, wgu, wd, &pr));
-  MOK_RETURN_IF_ERROR(CheckCommon(pr));
+  MOK_RETURN_IF_ERROR(ReadCudaProblem(x, ids, w, wgu, wd, &pr));
   MOK_RETURN_IF_ERROR(CheckSameShape("dy", dy, pr.tokens, pr.hidden, pr.dtype));
   MOK_RETURN_IF_ERROR(CheckSameShape("dx", dx, pr.tokens, pr.hidden, pr.dtype));
   MOK_RETURN_IF_ERROR(
@@ -160,22 +159,15 @@ bool HasWgmmaPath() { return kHasWgmma; }
 
 }  // namespace mok::cuda
 
-namespace {
 // Context first (stream, scratch, device), then the operands shared with every backend.
-auto CudaContext() {
-  return xla::ffi::Ffi::Bind()
-      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<xla::ffi::ScratchAllocator>()
-      .Ctx<xla::ffi::DeviceOrdinal>();
-}
-}  // namespace
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCuda, mok::cuda::MoeFwd,
+                              mok::BindForward(mok::cuda::BindStreamScratchDevice()));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdCuda, mok::cuda::MoeFwd, mok::BindForward(CudaContext()));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCuda, mok::cuda::MoeBwd, mok::BindBackward(CudaContext()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdCuda, mok::cuda::MoeBwd,
+                              mok::BindBackward(mok::cuda::BindStreamScratchDevice()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainCuda, mok::cuda::MoeFwdTrain,
-                              mok::BindForwardTrain(CudaContext()));
+                              mok::BindForwardTrain(mok::cuda::BindStreamScratchDevice()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedCuda, mok::cuda::MoeBwdSaved,
-                              mok::BindBackwardSaved(CudaContext()));
+                              mok::BindBackwardSaved(mok::cuda::BindStreamScratchDevice()));

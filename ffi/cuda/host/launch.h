@@ -31,6 +31,19 @@ struct Carve {
   }
 };
 
+// One scratch allocation for a call's buffers: `layout(Carve&)` takes them in order, once to
+// measure (base = nullptr) and once over the allocation, so that both passes agree.
+template <class Layout>
+ffi::Error CarveScratch(ffi::ScratchAllocator& scratch, Layout&& layout) {
+  Carve probe;
+  layout(probe);
+  char* base;
+  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
+  Carve c{base};
+  layout(c);
+  return ffi::Error::Success();
+}
+
 inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // Sizes the routing part of the scratch (pass base = nullptr to measure).

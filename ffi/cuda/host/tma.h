@@ -37,23 +37,26 @@ inline EncodeTiledFn TensorMapEncoder() {
   return encode;
 }
 
-// A bf16 tensor map of `rank` dimensions (innermost first; `strides` in bytes for dimensions
-// 1..rank-1), 128B-swizzled like the shared-memory tiles, zero fill out of range. The driver's
-// result; CUDA_ERROR_NOT_FOUND when the driver offers no cuTensorMapEncodeTiled.
-inline CUresult EncodeBf16Status(CUtensorMap* map, const void* base, cuuint32_t rank,
-                                 const cuuint64_t* dims, const cuuint64_t* strides,
-                                 const cuuint32_t* box) {
+// A tensor map of `type` elements in `rank` (<= 3) dimensions (innermost first; `strides` in bytes
+// for dimensions 1..rank-1), 128B-swizzled like the shared-memory tiles, zero fill out of range.
+// The driver's result; CUDA_ERROR_NOT_FOUND when the driver offers no cuTensorMapEncodeTiled.
+inline CUresult EncodeSwizzledStatus(CUtensorMap* map, CUtensorMapDataType type, const void* base,
+                                     cuuint32_t rank, const cuuint64_t* dims,
+                                     const cuuint64_t* strides, const cuuint32_t* box) {
   EncodeTiledFn encode = TensorMapEncoder();
   if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides,
-                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  return encode(map, type, rank, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-inline bool EncodeBf16(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
-                       const cuuint64_t* strides, const cuuint32_t* box) {
-  return EncodeBf16Status(map, base, rank, dims, strides, box) == CUDA_SUCCESS;
+// The bf16 tensor map of the wgmma kernels' operands.
+inline CUresult EncodeBf16Status(CUtensorMap* map, const void* base, cuuint32_t rank,
+                                 const cuuint64_t* dims, const cuuint64_t* strides,
+                                 const cuuint32_t* box) {
+  return EncodeSwizzledStatus(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rank, dims, strides,
+                              box);
 }
 
 // A [rows][width] matrix with rows `ld` elements apart, in boxes of box_cols × box_rows.
@@ -63,11 +66,6 @@ inline CUresult EncodeRowsStatus(CUtensorMap* map, const void* base, int64_t wid
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
   const cuuint32_t box[2] = {box_cols, box_rows};
   return EncodeBf16Status(map, base, 2, dims, strides, box);
-}
-
-inline bool EncodeRows(CUtensorMap* map, const void* base, int64_t width, int64_t rows, int64_t ld,
-                       cuuint32_t box_cols, cuuint32_t box_rows) {
-  return EncodeRowsStatus(map, base, width, rows, ld, box_cols, box_rows) == CUDA_SUCCESS;
 }
 
 // What the error of a failed encode names: the GEMM (its phase) and its two operands.

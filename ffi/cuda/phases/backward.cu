@@ -27,7 +27,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
     T* x_sorted;     // [P, H] x[sorted_token] (pregather only)
     T* dy_sorted;    // [P, H] dy[sorted_token] (pregather only)
   } b;
-  auto layout = [&](Carve& c) {
+  MOK_RETURN_IF_ERROR(CarveScratch(scratch, [&](Carve& c) {
     b.r = CarveRouting(c, pr, ids);
     b.h_scratch = h_saved ? nullptr : c.take<T>(TK * 2 * F);
     b.h = h_saved ? h_saved : b.h_scratch;
@@ -37,13 +37,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
     b.dw_part = c.take<float>(TK * g_tiles);
     b.x_sorted = pregather ? c.take<T>(TK * H) : nullptr;
     b.dy_sorted = pregather ? c.take<T>(TK * H) : nullptr;
-  };
-  Carve probe;
-  layout(probe);
-  char* base;
-  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
-  Carve c{base};
-  layout(c);
+  }));
   const Routing& r = b.r;
   const ExpertOrderRows x_rows = InExpertOrder(x, b.x_sorted, r);
   const ExpertOrderRows dy_rows = InExpertOrder(dy, b.dy_sorted, r);

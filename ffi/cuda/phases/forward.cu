@@ -11,22 +11,16 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Pl
                    const T* wd, T* y, T* h_save) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
   const bool pregather = std::is_same_v<T, bf16> && plan.pregather_x;
-  T* x_sorted = nullptr;  // [P, H] x[sorted_token] (pregather only)
-  auto layout = [&](Carve& c, Routing* r, T** act, T** y_part) {
-    *r = CarveRouting(c, pr, ids);
-    *act = c.take<T>(TK * F);     // [P, F]
-    *y_part = c.take<T>(TK * H);  // [P, H] w · (a @ Wd[e]) per assignment
-    x_sorted = pregather ? c.take<T>(TK * H) : nullptr;
-  };
-  Carve probe;
   Routing r;
   T* act;
   T* y_part;
-  layout(probe, &r, &act, &y_part);
-  char* base;
-  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
-  Carve c{base};
-  layout(c, &r, &act, &y_part);
+  T* x_sorted = nullptr;  // [P, H] x[sorted_token] (pregather only)
+  MOK_RETURN_IF_ERROR(CarveScratch(scratch, [&](Carve& c) {
+    r = CarveRouting(c, pr, ids);
+    act = c.take<T>(TK * F);     // [P, F]
+    y_part = c.take<T>(TK * H);  // [P, H] w · (a @ Wd[e]) per assignment
+    x_sorted = pregather ? c.take<T>(TK * H) : nullptr;
+  }));
 
   const int bn = plan.wgmma ? kWgmmaBN : kSimtBN;
   ProfileStart(stream);

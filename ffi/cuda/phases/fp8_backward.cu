@@ -12,7 +12,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
                      const DeviceInfo& dev, const Problem& pr, const Backward8Operands& op, T* dx,
                      float* d_w, T* d_w_gate_up, T* d_w_down) {
   const int64_t P = pr.assignments(), H = pr.hidden, F = pr.ffn, E = pr.experts;
-  // Each expert's positions padded to 128 (quantize.cuh): at most 127 extra per expert.
+  // Each expert's positions padded to 128 (fp8_quantize.cuh): at most 127 extra per expert.
   const int64_t padded = CeilDiv(P + E * 127, 128) * int64_t{128};
   const int g_tiles = CeilDiv(F, kBN);  // d_w partials per position (one per n-tile)
   struct {
@@ -27,7 +27,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     uint8_t *tok_h, *tok_h_s;  // dy, then x: [H, padded] along tokens
     uint8_t *tok_f, *tok_f_s;  // w*a [F, padded], then dh [2F, padded] along tokens
   } b;
-  auto layout = [&](Carve& c) {
+  MOK_RETURN_IF_ERROR(CarveScratch(scratch, [&](Carve& c) {
     b.r = CarveRouting(c, pr, op.ids);
     b.k_offset = c.take<int>(E + 1);
     b.h_scratch = op.h_saved ? nullptr : c.take<T>(P * 2 * F);
@@ -41,13 +41,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     b.tok_h_s = c.take<uint8_t>(H * padded / 32);
     b.tok_f = c.take<uint8_t>(2 * F * padded);
     b.tok_f_s = c.take<uint8_t>(2 * F * padded / 32);
-  };
-  Carve probe;
-  layout(probe);
-  char* base;
-  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
-  Carve c{base};
-  layout(c);
+  }));
   const Routing& r = b.r;
   const T* h = op.h_saved ? static_cast<const T*>(op.h_saved) : b.h_scratch;
   const T* dy = static_cast<const T*>(op.dy);

@@ -27,17 +27,12 @@ ffi::Error DispatchRecipe(Recipe recipe, Fn&& fn) {
 // like the GEMM's shared-memory tiles; zero fill past `rows` and `k`.
 inline bool EncodeFp8(CUtensorMap* map, const void* base, int64_t k, int64_t rows,
                       int64_t experts) {
-  EncodeTiledFn encode = TensorMapEncoder();
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(experts)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows * k)};
   const cuuint32_t box[3] = {kBK, kBoxRows, 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return encode != nullptr &&
-         encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeSwizzledStatus(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, 3, dims, strides, box) ==
+         CUDA_SUCCESS;
 }
 
 // Operand B of a GEMM: `experts` matrices of [rows][k] E4M3 with their scales. A weight's fp8_block
@@ -45,9 +40,9 @@ inline bool EncodeFp8(CUtensorMap* map, const void* base, int64_t k, int64_t row
 // one scale row per B row ([E][rows][k / 32] bytes).
 inline ffi::Error SetOperandB(Fp8GemmParams& p, Quantized b, int64_t rows, int64_t k,
                               int64_t experts, bool block_scales, const char* name) {
-  MOK_CUDA_CHECK(EncodeFp8(&p.tmap_b, b.values, k, rows, experts),
-                 "could not encode the TMA descriptor of ", name, " [", experts, ", ", rows, ", ",
-                 k, "] (float8_e4m3fn)");
+  MOK_CHECK(EncodeFp8(&p.tmap_b, b.values, k, rows, experts),
+            "could not encode the TMA descriptor of ", name, " [", experts, ", ", rows, ", ", k,
+            "] (float8_e4m3fn)");
   p.b_rows = static_cast<int>(rows);
   p.b_scale = b.scales;
   if (block_scales) {

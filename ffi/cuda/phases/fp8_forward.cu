@@ -13,18 +13,12 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
   Routing r;
   uint8_t *act, *act_scales;
   T* y_part;
-  auto layout = [&](Carve& c) {
+  MOK_RETURN_IF_ERROR(CarveScratch(scratch, [&](Carve& c) {
     r = CarveRouting(c, pr, ids);
     act = c.take<uint8_t>(P * F);              // a = SwiGLU(h), E4M3 [P, F]
     act_scales = c.take<uint8_t>(P * F / 32);  // its scales
     y_part = c.take<T>(P * H);                 // w * (a @ Wd[e]) per assignment
-  };
-  Carve probe;
-  layout(probe);
-  char* base;
-  MOK_RETURN_IF_ERROR(AllocateScratch(scratch, probe.used, &base));
-  Carve c{base};
-  layout(c);
+  }));
 
   ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));

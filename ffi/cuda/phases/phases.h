@@ -50,6 +50,15 @@ inline ffi::Error CheckCommon(const Problem& pr) {
   return ffi::Error::Success();
 }
 
+// The problem of a call that runs Forward / Backward: ReadProblem's checks, then CheckCommon's.
+inline ffi::Error ReadCudaProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer& topk_ids,
+                                  const ffi::AnyBuffer& topk_weights,
+                                  const ffi::AnyBuffer& w_gate_up, const ffi::AnyBuffer& w_down,
+                                  Problem* pr) {
+  MOK_RETURN_IF_ERROR(ReadProblem(x, topk_ids, topk_weights, w_gate_up, w_down, pr));
+  return CheckCommon(*pr);
+}
+
 // Instantiated for bf16 and float. h_save (forward) / h_saved (backward): the gate/up
 // pre-activations [T*k, 2F] in x's dtype, rows in the expert-sorted assignment order that both
 // directions rebuild identically from topk_ids; with them the backward skips its recompute GEMM.
