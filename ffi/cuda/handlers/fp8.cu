@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/bindings.h"
+#include "common/env.h"
 #include "common/problem.h"
 #include "cuda/handlers/bind.h"
 #include "cuda/handlers/fp8.h"
@@ -33,7 +34,10 @@ namespace {
 using ffi::AnyBuffer;
 using ffi::DataType;
 
-ffi::Error CheckRecipe(int32_t recipe) {
+// What every FP8 call checks first, as the BF16 calls' Prologue does: the debugging switches
+// (a bad JAX_MOK_CUDA_* value is an error here too), then the recipe attribute.
+ffi::Error Fp8Prologue(int32_t recipe) {
+  MOK_RETURN_IF_ERROR(env::Status());
   MOK_CHECK(recipe == 1 || recipe == 2, "recipe must be 1 (mxfp8) or 2 (fp8_block), got ", recipe);
   return ffi::Error::Success();
 }
@@ -113,7 +117,7 @@ ffi::Error ForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int3
                        const AnyBuffer& w, const AnyBuffer& wgu, const AnyBuffer& wgu_s,
                        const AnyBuffer& wd, const AnyBuffer& wd_s, AnyBuffer& y, AnyBuffer* h,
                        int32_t recipe) {
-  MOK_RETURN_IF_ERROR(CheckRecipe(recipe));
+  MOK_RETURN_IF_ERROR(Fp8Prologue(recipe));
   Problem pr;
   MOK_RETURN_IF_ERROR(ReadFp8Problem(x_q, ids, w, wd, false, y.element_type(), &pr));
   const int64_t T = pr.tokens, H = pr.hidden, F = pr.ffn, E = pr.experts;
@@ -159,7 +163,7 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
                         AnyBuffer wgu_bs, const AnyBuffer* h, ffi::Result<AnyBuffer> dx,
                         ffi::Result<AnyBuffer> d_w, ffi::Result<AnyBuffer> d_wgu,
                         ffi::Result<AnyBuffer> d_wd, int32_t recipe) {
-  MOK_RETURN_IF_ERROR(CheckRecipe(recipe));
+  MOK_RETURN_IF_ERROR(Fp8Prologue(recipe));
   Problem pr;
   MOK_RETURN_IF_ERROR(ReadFp8Problem(x_q, ids, w, wd_b, true, dy.element_type(), &pr));
   const int64_t T = pr.tokens, H = pr.hidden, F = pr.ffn, E = pr.experts;
@@ -222,7 +226,7 @@ ffi::Error MoeBwdSavedFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, in
 
 ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Result<AnyBuffer> values,
                     ffi::Result<AnyBuffer> scales, int32_t recipe) {
-  MOK_RETURN_IF_ERROR(CheckRecipe(recipe));
+  MOK_RETURN_IF_ERROR(Fp8Prologue(recipe));
   auto d = x.dimensions();
   MOK_CHECK(d.size() == 2, "mok_quantize takes x [rows, cols], got rank ", d.size());
   MOK_CHECK(x.element_type() == DataType::BF16 || x.element_type() == DataType::F32,
