@@ -10,7 +10,8 @@ import jax
 TARGETS = ("mok_moe_fwd", "mok_moe_bwd")  # every backend
 CUDA_ONLY_TARGETS = ("mok_moe_fwd_train", "mok_moe_bwd_saved",  # saved activations
                      "mok_moe_fwd_fp8", "mok_moe_fwd_train_fp8", "mok_moe_bwd_fp8",
-                     "mok_moe_bwd_saved_fp8", "mok_quantize")  # the FP8 layer
+                     "mok_moe_bwd_saved_fp8", "mok_quantize", "mok_quantize_weight",
+                     "mok_quantize_weight_both")  # the FP8 layer
 
 
 @functools.cache

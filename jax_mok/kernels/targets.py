@@ -339,16 +339,46 @@ def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_do
 
 def quantize_rows(x, recipe: str):
     """``mok_quantize`` (CUDA): ``x [R, C]`` (C a multiple of 128) quantized along C by the
-    kernels' own quantizer -> ``(values [R, C] e4m3, scales)``; the GPU tests compare its bits
-    with jax_mok.quantization."""
+    kernels' own quantizer -> ``(values [R, C] e4m3, scales)``, the bits of
+    ``jax_mok.quantization.quantize(x, recipe)`` (the GPU tests compare them)."""
     R, C = x.shape
     if recipe == "mxfp8":
         scales = jax.ShapeDtypeStruct((R, C // 32), jnp.float8_e8m0fnu)
     else:
         scales = jax.ShapeDtypeStruct((R, C // 128), jnp.float32)
     values = jax.ShapeDtypeStruct((R, C), jnp.float8_e4m3fn)
-    return jax.ffi.ffi_call("mok_quantize", (values, scales))(
-        x, recipe=np.int32(FP8_RECIPES[recipe]))
+    return _call("mok_quantize", (values, scales), x,
+                 attrs={"recipe": np.int32(FP8_RECIPES[recipe])})
+
+
+def _weight_layout(w, recipe: str, axis: int):
+    """The ShapeDtypeStructs of ``w [E, A, B]`` quantized along ``axis`` (1: A, 2: B), reduction
+    dim last: values ``[E, B, A]`` / ``[E, A, B]`` and the recipe's weight scales."""
+    E, A, B = w.shape
+    rows, k = (B, A) if axis == 1 else (A, B)
+    values = jax.ShapeDtypeStruct((E, rows, k), jnp.float8_e4m3fn)
+    if recipe == "mxfp8":
+        scales = jax.ShapeDtypeStruct((E, rows, k // 32), jnp.float8_e8m0fnu)
+    else:
+        scales = jax.ShapeDtypeStruct((E, rows // 128, k // 128), jnp.float32)
+    return values, scales
+
+
+def quantize_weight(w, recipe: str, axis: int):
+    """``mok_quantize_weight`` (CUDA): expert weights ``w [E, A, B]`` (A, B multiples of 128)
+    quantized along ``axis`` (1 or 2) in one pass -> ``(values, scales)`` with the reduction dim
+    last, the bits of ``jax_mok.quantization.QuantizedWeight.quantize(w, recipe, axis)``."""
+    return _call("mok_quantize_weight", _weight_layout(w, recipe, axis), w,
+                 attrs={"recipe": np.int32(FP8_RECIPES[recipe]), "axis": np.int32(axis)})
+
+
+def quantize_weight_both(w, recipe: str):
+    """``mok_quantize_weight_both`` (CUDA): ``w [E, A, B]`` read once, written along A and along
+    B -> ``((values, scales) along A, (values, scales) along B)``."""
+    outs = (*_weight_layout(w, recipe, 1), *_weight_layout(w, recipe, 2))
+    a_v, a_s, b_v, b_s = _call("mok_quantize_weight_both", outs, w,
+                               attrs={"recipe": np.int32(FP8_RECIPES[recipe])})
+    return (a_v, a_s), (b_v, b_s)
 
 
 __all__ = [
@@ -371,4 +401,6 @@ __all__ = [
     "moe_forward_train",
     "no_vmap_of_gradients",
     "quantize_rows",
+    "quantize_weight",
+    "quantize_weight_both",
 ]

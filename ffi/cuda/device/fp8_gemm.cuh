@@ -11,10 +11,15 @@
 //   so no more than one scale block ever sums inside the tensor cores.
 //
 //   Operand A: rows of an FP8 matrix, K contiguous, gathered (routed rows) or not, by cp.async into
-//   128B-swizzled smem; its scales, 4 bytes per row per stage, by plain loads converted to float32
-//   in smem. Operand B: the experts' FP8 weights [E][N][K] (or one [N][K] matrix) by TMA, two
+//   128B-swizzled smem; its scales, one 32-bit word per row per stage: fp8_block's float32 by
+//   cp.async as well, so the producer never waits on a load; mxfp8's 4 E8M0 bytes converted to
+//   float32 per k32 step by the producer (as its B scales: see below).
+//   Operand B: the experts' FP8 weights [E][N][K] (or one [N][K] matrix) by TMA, two
 //   64-row boxes per half; scales per B row (mxfp8, and the weight gradients' token-wise scales)
-//   or per 128-row block (fp8_block weights: one per half).
+//   or per 128-row block (fp8_block weights: one per half). fp8_block's B scales are float32 words
+//   and come by cp.async like A's; mxfp8's per-row E8M0 bytes are converted to float32 by the
+//   producer (one conversion per row and k32 step, instead of one per accumulator element in the
+//   consumers, whose promotion already binds mxfp8 and whose registers are full).
 //
 //   Two tile shapes:
 //   kRoutedM  rows = expert-sorted positions (128-row tiles of one expert: mtile_prefix), B = that
@@ -36,7 +41,7 @@
 
 namespace mok::cuda::fp8 {
 
-constexpr int kBM = kTileM, kBN = 256, kBK = 128, kStages = 3, kThreads = 384;
+constexpr int kBM = kTileM, kBN = 256, kBK = 128, kThreads = 384;
 static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
 constexpr int kHalfN = kBN / 2;   // columns of one wgmma / one `part` tile
 constexpr int kSteps = kBK / 32;  // k32 wgmma steps per stage
@@ -93,20 +98,33 @@ __device__ __forceinline__ int fp8_box_row(const Fp8GemmParams& p, int n_tile, i
 // Scale factors kept per stage: mxfp8 one per k32 step, fp8_block one per stage.
 template <Recipe R>
 constexpr int kScaleSteps = R == Recipe::kMx ? kSteps : 1;
+// Ring depth: 48 KB of operands per stage. fp8_block fits 4 stages in the 227 KB opt-in limit
+// (with the staging area and the tables of kFp8MaxExperts experts); mxfp8's per-step float32
+// scales (16 KB per stage) leave room for 3.
+template <Recipe R>
+constexpr int kStagesOf = R == Recipe::kMx ? 3 : 4;
 
 template <Recipe R>
 struct alignas(1024) Fp8Smem {
-  uint8_t a[kStages][kBM * kBK];           // (128, 128) per stage, 128B-swizzled rows
-  uint8_t b[2][kStages][kHalfN * kBK];     // per half (128, 128) per stage: two TMA boxes
-  float sa[kStages][kScaleSteps<R>][kBM];  // A scales of each step, per tile row
-  float sb[kStages][kScaleSteps<R>][kBN];  // B scales per B row, or per half in [.][0][0..1]
+  static constexpr int kStages = kStagesOf<R>;
+  uint8_t a[kStages][kBM * kBK];        // (128, 128) per stage, 128B-swizzled rows
+  uint8_t b[2][kStages][kHalfN * kBK];  // per half (128, 128) per stage: two TMA boxes
+  // Scales as float32 bits: fp8_block's words as they are stored (cp.async); mxfp8's converted
+  // by the producer, one per k32 step. A: per tile row; B: per B row, or (fp8_block weights) per
+  // half in [.][0][0..1].
+  uint32_t sa[kStages][kScaleSteps<R>][kBM];
+  uint32_t sb[kStages][kScaleSteps<R>][kBN];
   uint64_t full[kStages], empty[kStages];
   int64_t rows[kBM];                            // source row of each tile row (-1: none)
   alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop_sm90.cuh)
 };
+// The `full` barrier's arrivals per stage: each producer thread's cp.async arrival, the TMA
+// thread's expect_tx arrival, and (mxfp8) each producer thread's scale stores.
+template <Recipe R>
+constexpr int kFullArrivals = 128 + 1 + (R == Recipe::kMx ? 128 : 0);
 // The expert tables follow the struct: mtile_prefix / k_offset [E+1], expert_offset / k_offset.
 template <Recipe R>
-size_t fp8_smem_bytes(int experts) {
+constexpr size_t fp8_smem_bytes(int64_t experts) {
   return 1024 + sizeof(Fp8Smem<R>) + 2 * sizeof(int) * static_cast<size_t>(experts + 1);
 }
 
@@ -119,6 +137,7 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
 template <Recipe R, TileShape kShape, bool kBPerRow>
 __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int t) {
+  constexpr int kStages = Fp8Smem<R>::kStages;
   const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
   int stage = 0, phase = 0;
@@ -155,38 +174,56 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
           tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
                       &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
       }
-      mbar_arrive_cp_async(&s.full[stage]);
-      // Scales: one 32-bit word per row and stage (4 E8M0 bytes, or one float32), converted here.
+      // Scales: one 32-bit word per row and stage (4 E8M0 bytes, or one float32). A row past
+      // the tile, or a B row past b_rows, reads as word 0 (zero fill), as its values do.
       const int kw = k / kBK * kScaleBytesPerK128;
-      {
+      if constexpr (R == Recipe::kBlock) {
         const int64_t src = s.rows[t];
-        const uint32_t word =
-            src >= 0 ? *reinterpret_cast<const uint32_t*>(p.a_scale + src * p.a_scale_ld + kw) : 0u;
+        cp_async_4(smem_u32(&s.sa[stage][0][t]),
+                   src >= 0 ? p.a_scale + src * p.a_scale_ld + kw : p.a_scale, src >= 0);
+        if constexpr (kBPerRow) {
 #pragma unroll
-        for (int j = 0; j < kScaleSteps<R>; ++j)
-          s.sa[stage][j][t] = scale_value<R>(R == Recipe::kMx ? word >> (8 * j) : word);
-      }
-      if constexpr (kBPerRow) {
+          for (int h = 0; h < 2; ++h) {
+            const int rho = t + 128 * h;  // smem row: half h, row t
+            const int n = fp8_box_row(p, w.n_tile, 2 * h + (t >> 6)) + (t & 63);
+            const bool ok = n < p.b_rows;
+            cp_async_4(smem_u32(&s.sb[stage][0][rho]),
+                       ok ? b_scale + static_cast<int64_t>(n) * p.b_scale_ld + kw : b_scale, ok);
+          }
+        } else if (t < 2) {  // one float32 per half: its 128 rows lie in one 128-row block
+          const int n = fp8_box_row(p, w.n_tile, 2 * t);
+          const bool ok = n < p.b_rows;
+          cp_async_4(smem_u32(&s.sb[stage][0][t]),
+                     ok ? b_scale + static_cast<int64_t>(n / 128) * p.b_scale_ld + kw : b_scale,
+                     ok);
+        }
+        mbar_arrive_cp_async(&s.full[stage]);  // A, its scales, B's scales
+      } else {
+        mbar_arrive_cp_async(&s.full[stage]);  // A's values
+        static_assert(R != Recipe::kMx || kBPerRow, "mxfp8 B scales are per B row");
+        {
+          const int64_t src = s.rows[t];
+          const uint32_t word =
+              src >= 0 ? *reinterpret_cast<const uint32_t*>(p.a_scale + src * p.a_scale_ld + kw)
+                       : 0u;
+#pragma unroll
+          for (int j = 0; j < kScaleSteps<R>; ++j)
+            s.sa[stage][j][t] = __float_as_uint(scale_value<R>(word >> (8 * j)));
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int rho = t + 128 * h;  // smem row: half h, row t
           const int n = fp8_box_row(p, w.n_tile, 2 * h + (t >> 6)) + (t & 63);
-          const uint32_t word =
-              n < p.b_rows ? *reinterpret_cast<const uint32_t*>(b_scale + n * p.b_scale_ld + kw)
-                           : 0u;
+          const uint32_t word = n < p.b_rows
+                                    ? *reinterpret_cast<const uint32_t*>(
+                                          b_scale + static_cast<int64_t>(n) * p.b_scale_ld + kw)
+                                    : 0u;
 #pragma unroll
           for (int j = 0; j < kScaleSteps<R>; ++j)
-            s.sb[stage][j][rho] = scale_value<R>(R == Recipe::kMx ? word >> (8 * j) : word);
+            s.sb[stage][j][rho] = __float_as_uint(scale_value<R>(word >> (8 * j)));
         }
-      } else if (t < 2) {  // one float32 per half: its 128 rows lie in one 128-row block
-        const int n = fp8_box_row(p, w.n_tile, 2 * t);
-        const uint32_t word =
-            n < p.b_rows
-                ? *reinterpret_cast<const uint32_t*>(b_scale + (n / 128) * p.b_scale_ld + kw)
-                : 0u;
-        s.sb[stage][0][t] = scale_value<R>(word);
+        mbar_arrive(&s.full[stage]);  // release: the scale stores above
       }
-      mbar_arrive(&s.full[stage]);  // release: the scale stores above
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
   }
@@ -267,6 +304,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
                              const int* s_offset, int wg, int t) {
   using namespace cute;
   using Elem = cute::float_e4m3_t;
+  constexpr int kStages = Fp8Smem<R>::kStages;
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                              Shape<Int<kBM>, Int<kBK>, Int<kStages>>{}));
   using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -295,6 +333,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
       mbar_wait(&s.full[stage], phase);
+      fence_proxy_async();  // cp.async wrote A through the generic proxy; wgmma reads async
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -312,15 +351,16 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
             warpgroup_wait<0>();
             warpgroup_fence_operand(part);
             const int js = R == Recipe::kMx ? j : 0;
-            const float a0 = s.sa[stage][js][r0], a1 = s.sa[stage][js][r1];
+            const float a0 = __uint_as_float(s.sa[stage][js][r0]);
+            const float a1 = __uint_as_float(s.sa[stage][js][r1]);
             if constexpr (kBPerRow) {
-              const float* sb = &s.sb[stage][js][h * kHalfN];
+              const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
 #pragma unroll
               for (int i = 0; i < 64; ++i)
                 acc[i + 64 * h] =
                     fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
             } else {
-              const float b = s.sb[stage][0][h];
+              const float b = __uint_as_float(s.sb[stage][0][h]);
               const float f0 = a0 * b, f1 = a1 * b;
 #pragma unroll
               for (int i = 0; i < 64; ++i)
@@ -372,9 +412,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     s_offset[i] = offset_src[i];
   }
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(&s.full[i], 2 * 128 + 1);  // cp.async arrivals, scale-store arrivals, TMA bytes
-      mbar_init(&s.empty[i], 2);           // one thread per consumer warpgroup
+    for (int i = 0; i < Fp8Smem<R>::kStages; ++i) {
+      mbar_init(&s.full[i], kFullArrivals<R>);
+      mbar_init(&s.empty[i], 2);  // one thread per consumer warpgroup
     }
   }
   __syncthreads();

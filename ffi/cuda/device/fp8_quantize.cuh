@@ -6,6 +6,9 @@
 //                       transposed, quantized along the positions of each expert; each expert's
 //                       positions start at k_offset[e] (a multiple of 128) and its last block is
 //                       zero-padded, so no scale block spans two experts.
+//   quantize_weight   : expert weights w [E][A][B] in one pass (one 128 x 128 tile per CTA) into
+//                       the layouts the GEMMs read: along A (values [E][B][A]) and/or along B
+//                       (values [E][A][B]), jax_mok.quantization's bits.
 //   fp8_schedule      : from expert_offset, the 64-row tile prefix of the routed GEMMs and
 //   k_offset.
 #pragma once
@@ -146,6 +149,161 @@ cudaError_t launch_quantize_segments(const T* src, int64_t ld, const int* gather
                   static_cast<unsigned>(cols / kSegCols));
   quantize_segments_kernel<T, R><<<grid, 256, 0, stream>>>(src, ld, gather, expert_offset, k_offset,
                                                            experts, cols, padded_rows, out, scales);
+  return cudaGetLastError();
+}
+
+// ------------------------------------------------------------------ expert weights
+// w [E][A][B] (B contiguous; A and B multiples of 128), one 128 x 128 tile (rows a0.., columns
+// b0..) per CTA, staged once in shared memory as float32 and written in each requested layout:
+//   along A (the forward's reduction: w_gate_up along H, w_down along F): values [E][B][A],
+//     scales mxfp8 [E][B][A/32] (E8M0), fp8_block [E][B/128][A/128] (float32);
+//   along B (the backward's): values [E][A][B], scales mxfp8 [E][A][B/32], fp8_block
+//     [E][A/128][B/128].
+// fp8_block: the tile is one 128 x 128 scale block, so both layouts hold the same values and
+// scale. mxfp8: blocks of 32 down a column (along A) and along a row (along B) of the tile.
+// Bytes: the weight read once, one E4M3 byte per element per layout written.
+struct QuantizedOut {
+  uint8_t* values = nullptr;  // nullptr: this layout is not written
+  uint8_t* scales = nullptr;
+};
+constexpr int kWTile = 128, kWTileLd = kWTile + 4;  // float32 row stride: 16-byte aligned rows
+constexpr size_t kWeightSmemBytes = sizeof(float) * kWTile * kWTileLd;
+
+template <class T, Recipe R>
+__global__ void __launch_bounds__(256)
+    quantize_weight_kernel(const T* __restrict__ w, int64_t a_dim, int64_t b_dim,
+                           QuantizedOut along_a, QuantizedOut along_b) {
+  extern __shared__ float4 weight_tile_raw[];
+  float* tile = reinterpret_cast<float*>(weight_tile_raw);  // [128][kWTileLd]
+  __shared__ float warp_amax[8];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t tiles_b = b_dim / kWTile, tiles_a = a_dim / kWTile;
+  const int64_t tb = blockIdx.x % tiles_b, ta = (blockIdx.x / tiles_b) % tiles_a;
+  const int64_t e = blockIdx.x / (tiles_b * tiles_a);
+  const int64_t a0 = ta * kWTile, b0 = tb * kWTile;
+
+  // Stage the tile: 16-byte loads, every one issued before the first store.
+  constexpr int kVec = 16 / sizeof(T), kChunks = kWTile / kVec, kPerThread = kWTile * kChunks / 256;
+  const T* src = w + (e * a_dim + a0) * b_dim + b0;
+  uint4 raw[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = tid + 256 * j, r = i / kChunks, c = (i % kChunks) * kVec;
+    raw[j] = *reinterpret_cast<const uint4*>(src + r * b_dim + c);
+  }
+  float m = 0.f;  // fp8_block: this thread's share of the tile's amax
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = tid + 256 * j, r = i / kChunks, c = (i % kChunks) * kVec;
+    const T* el = reinterpret_cast<const T*>(&raw[j]);
+    float f[kVec];
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      f[v] = to_float(el[v]);
+      if constexpr (R == Recipe::kBlock) m = amax_combine(m, f[v]);
+    }
+#pragma unroll
+    for (int v = 0; v < kVec; v += 4)
+      *reinterpret_cast<float4*>(tile + r * kWTileLd + c + v) =
+          make_float4(f[v], f[v + 1], f[v + 2], f[v + 3]);
+  }
+  BlockScale tile_scale;
+  if constexpr (R == Recipe::kBlock) {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
+    if (lane == 0) warp_amax[warp] = m;
+  }
+  __syncthreads();
+  if constexpr (R == Recipe::kBlock) {
+    m = warp_amax[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) m = amax_combine(m, warp_amax[i]);
+    tile_scale = block_scale<R>(m);
+    if (tid == 0) {
+      if (along_a.scales)  // [E][B/128][A/128]
+        reinterpret_cast<uint32_t*>(along_a.scales)[(e * tiles_b + tb) * tiles_a + ta] =
+            tile_scale.stored;
+      if (along_b.scales)  // [E][A/128][B/128]
+        reinterpret_cast<uint32_t*>(along_b.scales)[(e * tiles_a + ta) * tiles_b + tb] =
+            tile_scale.stored;
+    }
+  }
+
+  // Along B: a warp per tile row, lane l holding columns 4l..4l+3 (a 16-byte read of the row);
+  // mxfp8 blocks are 8 lanes.
+  if (along_b.values) {
+    for (int r = warp; r < kWTile; r += 8) {
+      const float4 v = *reinterpret_cast<const float4*>(tile + r * kWTileLd + 4 * lane);
+      BlockScale s = tile_scale;
+      if constexpr (R == Recipe::kMx) {
+        float bm = amax_combine(amax_combine(amax_combine(amax_combine(0.f, v.x), v.y), v.z), v.w);
+#pragma unroll
+        for (int d = 1; d < 8; d <<= 1) bm = amax_combine(bm, __shfl_xor_sync(0xffffffffu, bm, d));
+        s = block_scale<R>(bm);
+      }
+      const uint32_t q = quantize_pair<R>(make_float2(v.x, v.y), s) |
+                         (static_cast<uint32_t>(quantize_pair<R>(make_float2(v.z, v.w), s)) << 16);
+      const int64_t row = e * a_dim + a0 + r;
+      *reinterpret_cast<uint32_t*>(along_b.values + row * b_dim + b0 + 4 * lane) = q;
+      if constexpr (R == Recipe::kMx) {
+        // The row's 4 block bytes as one word, from lanes 0, 8, 16, 24.
+        const uint32_t byte = s.stored;
+        const uint32_t word =
+            __shfl_sync(0xffffffffu, byte, 0) | (__shfl_sync(0xffffffffu, byte, 8) << 8) |
+            (__shfl_sync(0xffffffffu, byte, 16) << 16) | (__shfl_sync(0xffffffffu, byte, 24) << 24);
+        if (lane == 0)
+          *reinterpret_cast<uint32_t*>(along_b.scales + row * (b_dim / 32) + b0 / 32) = word;
+      }
+    }
+  }
+
+  // Along A: thread (column c, block q) quantizes rows 32q..32q+31 of column c (consecutive
+  // threads read consecutive columns: no bank conflicts) and writes them as two 16-byte vectors
+  // of output row b0 + c.
+  if (along_a.values) {
+    const int c = tid & 127;
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int q = (tid >> 7) + 2 * pass;
+      float col[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) col[j] = tile[(32 * q + j) * kWTileLd + c];
+      BlockScale s = tile_scale;
+      if constexpr (R == Recipe::kMx) {
+        float bm = 0.f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) bm = amax_combine(bm, col[j]);
+        s = block_scale<R>(bm);
+      }
+      uint32_t words[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        words[j] =
+            quantize_pair<R>(make_float2(col[4 * j], col[4 * j + 1]), s) |
+            (static_cast<uint32_t>(quantize_pair<R>(make_float2(col[4 * j + 2], col[4 * j + 3]), s))
+             << 16);
+      const int64_t row = e * b_dim + b0 + c;
+      uint4* dst = reinterpret_cast<uint4*>(along_a.values + row * a_dim + a0 + 32 * q);
+      dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
+      dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
+      if constexpr (R == Recipe::kMx)
+        along_a.scales[row * (a_dim / 32) + a0 / 32 + q] = static_cast<uint8_t>(s.stored);
+    }
+  }
+}
+
+template <class T, Recipe R>
+cudaError_t launch_quantize_weight(const T* w, int64_t experts, int64_t a_dim, int64_t b_dim,
+                                   QuantizedOut along_a, QuantizedOut along_b,
+                                   cudaStream_t stream) {
+  const int64_t tiles = experts * (a_dim / kWTile) * (b_dim / kWTile);
+  if (tiles == 0) return cudaSuccess;
+  auto* kernel = quantize_weight_kernel<T, R>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kWeightSmemBytes));
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(tiles), 256, kWeightSmemBytes, stream>>>(w, a_dim, b_dim, along_a,
+                                                                          along_b);
   return cudaGetLastError();
 }
 

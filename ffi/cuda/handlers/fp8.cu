@@ -11,6 +11,10 @@
 //                            d_w_down [E,F,H] (in dy's dtype); h recomputed
 //   mok_moe_bwd_saved_fp8 the same operands + h [T*k, 2F] from mok_moe_fwd_train_fp8
 //   mok_quantize          x [R, C] (bf16 / f32) -> values [R, C] e4m3, scales (the recipe's)
+//   mok_quantize_weight   w [E, A, B] (bf16 / f32), attribute axis (1 or 2) -> values and scales
+//                         along that axis, reduction dim last: axis 1 [E, B, A], axis 2 [E, A, B]
+//                         (scales: mxfp8 [E, ., ./32] e8m0; fp8_block 128x128 blocks f32)
+//   mok_quantize_weight_both  w -> along A (values, scales), along B (values, scales), one pass
 // Attribute `recipe` (int32): 1 mxfp8 (scales float8_e8m0fnu, one per 32 along the reduction
 // dim), 2 fp8_block (scales float32: 1x128 for activations, 128x128 blocks for weights).
 #include <initializer_list>
@@ -106,6 +110,8 @@ ffi::Error ReadFp8Problem(const AnyBuffer& x_q, const AnyBuffer& ids, const AnyB
   MOK_CHECK(id[0] == pr->tokens && ids.element_type() == DataType::S32,
             "topk_ids must be int32 [T=", pr->tokens, ", k]");
   MOK_RETURN_IF_ERROR(CheckDims("topk_weights", w, {pr->tokens, pr->top_k}, DataType::F32));
+  MOK_CHECK(pr->experts <= kFp8MaxExperts, "the FP8 kernels take at most ", kFp8MaxExperts,
+            " experts per call, got E=", pr->experts);
   MOK_CHECK(pr->hidden % 128 == 0 && pr->ffn % 128 == 0,
             "the FP8 kernels need H and F to be multiples of 128, got H=", pr->hidden,
             " F=", pr->ffn);
@@ -247,6 +253,64 @@ ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Resul
   });
 }
 
+// w [E, A, B] and the layout(s) asked for: along A -> [E, B, A], along B -> [E, A, B].
+ffi::Error QuantizeWeightCall(cudaStream_t stream, int32_t device, const AnyBuffer& w,
+                              AnyBuffer* a_values, AnyBuffer* a_scales, AnyBuffer* b_values,
+                              AnyBuffer* b_scales, int32_t recipe) {
+  MOK_RETURN_IF_ERROR(Fp8Prologue(recipe));
+  auto d = w.dimensions();
+  MOK_CHECK(d.size() == 3, "mok_quantize_weight takes w [E, A, B], got rank ", d.size());
+  MOK_CHECK(w.element_type() == DataType::BF16 || w.element_type() == DataType::F32,
+            "mok_quantize_weight takes bfloat16 or float32 w");
+  const int64_t E = d[0], A = d[1], B = d[2];
+  MOK_CHECK(A % 128 == 0 && B % 128 == 0,
+            "mok_quantize_weight needs both dims of each expert to be multiples of 128, got [", E,
+            ", ", A, ", ", B, "]");
+  const DataType st = ScaleType(recipe);
+  WeightLayouts out;
+  if (a_values) {
+    MOK_RETURN_IF_ERROR(CheckDims("values (along A)", *a_values, {E, B, A}, DataType::F8E4M3FN));
+    MOK_RETURN_IF_ERROR(recipe == 1
+                            ? CheckDims("scales (along A)", *a_scales, {E, B, A / 32}, st)
+                            : CheckDims("scales (along A)", *a_scales, {E, B / 128, A / 128}, st));
+    out.along_a_values = static_cast<uint8_t*>(a_values->untyped_data());
+    out.along_a_scales = static_cast<uint8_t*>(a_scales->untyped_data());
+  }
+  if (b_values) {
+    MOK_RETURN_IF_ERROR(CheckDims("values (along B)", *b_values, {E, A, B}, DataType::F8E4M3FN));
+    MOK_RETURN_IF_ERROR(recipe == 1
+                            ? CheckDims("scales (along B)", *b_scales, {E, A, B / 32}, st)
+                            : CheckDims("scales (along B)", *b_scales, {E, A / 128, B / 128}, st));
+    out.along_b_values = static_cast<uint8_t*>(b_values->untyped_data());
+    out.along_b_scales = static_cast<uint8_t*>(b_scales->untyped_data());
+  }
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
+  return DispatchDtype(w.element_type(), [&](auto tag) {
+    using T_ = decltype(tag);
+    return QuantizeWeight<T_>(static_cast<Recipe>(recipe), stream,
+                              static_cast<const T_*>(w.untyped_data()), E, A, B, out);
+  });
+}
+
+ffi::Error QuantizeWeightOne(cudaStream_t stream, int32_t device, AnyBuffer w,
+                             ffi::Result<AnyBuffer> values, ffi::Result<AnyBuffer> scales,
+                             int32_t recipe, int32_t axis) {
+  MOK_CHECK(axis == 1 || axis == 2, "mok_quantize_weight: attribute axis must be 1 or 2, got ",
+            axis);
+  if (axis == 1)
+    return QuantizeWeightCall(stream, device, w, &*values, &*scales, nullptr, nullptr, recipe);
+  return QuantizeWeightCall(stream, device, w, nullptr, nullptr, &*values, &*scales, recipe);
+}
+
+ffi::Error QuantizeWeightBoth(cudaStream_t stream, int32_t device, AnyBuffer w,
+                              ffi::Result<AnyBuffer> a_values, ffi::Result<AnyBuffer> a_scales,
+                              ffi::Result<AnyBuffer> b_values, ffi::Result<AnyBuffer> b_scales,
+                              int32_t recipe) {
+  return QuantizeWeightCall(stream, device, w, &*a_values, &*a_scales, &*b_values, &*b_scales,
+                            recipe);
+}
+
 }  // namespace
 }  // namespace mok::cuda::fp8
 
@@ -289,4 +353,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeCuda, mok::cuda::fp8::Quantize,
                                   .Arg<xla::ffi::AnyBuffer>()  // x [R, C]
                                   .Ret<xla::ffi::AnyBuffer>()  // values
                                   .Ret<xla::ffi::AnyBuffer>()  // scales
+                                  .Attr<int32_t>("recipe"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeWeightCuda, mok::cuda::fp8::QuantizeWeightOne,
+                              mok::cuda::BindStreamDevice()
+                                  .Arg<xla::ffi::AnyBuffer>()  // w [E, A, B]
+                                  .Ret<xla::ffi::AnyBuffer>()  // values
+                                  .Ret<xla::ffi::AnyBuffer>()  // scales
+                                  .Attr<int32_t>("recipe")
+                                  .Attr<int32_t>("axis"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeWeightBothCuda, mok::cuda::fp8::QuantizeWeightBoth,
+                              mok::cuda::BindStreamDevice()
+                                  .Arg<xla::ffi::AnyBuffer>()  // w [E, A, B]
+                                  .Ret<xla::ffi::AnyBuffer>()  // values along A [E, B, A]
+                                  .Ret<xla::ffi::AnyBuffer>()  // scales along A
+                                  .Ret<xla::ffi::AnyBuffer>()  // values along B [E, A, B]
+                                  .Ret<xla::ffi::AnyBuffer>()  // scales along B
                                   .Attr<int32_t>("recipe"));

@@ -43,6 +43,8 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_moe_bwd_fp8"] = Capsule(MokMoeBwdFp8Cuda);
     d["mok_moe_bwd_saved_fp8"] = Capsule(MokMoeBwdSavedFp8Cuda);
     d["mok_quantize"] = Capsule(MokQuantizeCuda);
+    d["mok_quantize_weight"] = Capsule(MokQuantizeWeightCuda);
+    d["mok_quantize_weight_both"] = Capsule(MokQuantizeWeightBothCuda);
     return d;
   });
   m.def("device_info", [] {

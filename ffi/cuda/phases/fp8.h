@@ -14,6 +14,10 @@
 
 namespace mok::cuda::fp8 {
 
+// Experts per FP8 call: the GEMMs keep two [E+1] tables in shared memory beside a 4-stage ring
+// (fp8_common.cuh checks that both fit the 227 KB opt-in limit at this bound).
+constexpr int64_t kFp8MaxExperts = 1024;
+
 // A quantized matrix as the kernels read it: values, and scales of 4 bytes per 128 K per row (or
 // per 128-row block of a fp8_block weight).
 struct Quantized {
@@ -46,6 +50,17 @@ template <class T>
 ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& scratch,
                      const DeviceInfo& dev, const Problem& pr, const Backward8Operands& op, T* dx,
                      float* d_w, T* d_w_gate_up, T* d_w_down);
+
+// Expert weights w [E, A, B] in T quantized in one pass (fp8_quantize.cuh: quantize_weight) into
+// the requested layouts (a null `values` skips one): along A -> values [E, B, A], along B ->
+// values [E, A, B], with the recipe's weight scales. A and B multiples of 128.
+struct WeightLayouts {
+  uint8_t *along_a_values = nullptr, *along_a_scales = nullptr;
+  uint8_t *along_b_values = nullptr, *along_b_scales = nullptr;
+};
+template <class T>
+ffi::Error QuantizeWeight(Recipe recipe, cudaStream_t stream, const T* w, int64_t experts,
+                          int64_t a_dim, int64_t b_dim, const WeightLayouts& out);
 
 // values [rows, cols] and scales (cols / 32 bytes per row) of src [rows, cols] in T.
 template <class T>

@@ -16,6 +16,10 @@
 
 namespace mok::cuda::fp8 {
 
+static_assert(fp8_smem_bytes<Recipe::kBlock>(kFp8MaxExperts) <= 227 * 1024 &&
+                  fp8_smem_bytes<Recipe::kMx>(kFp8MaxExperts) <= 227 * 1024,
+              "the FP8 GEMMs' shared memory fits the opt-in limit up to kFp8MaxExperts");
+
 // Calls fn(std::integral_constant<Recipe, R>{}) for the call's recipe.
 template <class Fn>
 ffi::Error DispatchRecipe(Recipe recipe, Fn&& fn) {

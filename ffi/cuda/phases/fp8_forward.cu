@@ -65,12 +65,27 @@ ffi::Error QuantizeRows(Recipe recipe, cudaStream_t stream, const DeviceInfo& de
   });
 }
 
+template <class T>
+ffi::Error QuantizeWeight(Recipe recipe, cudaStream_t stream, const T* w, int64_t experts,
+                          int64_t a_dim, int64_t b_dim, const WeightLayouts& out) {
+  return DispatchRecipe(recipe, [&](auto tag) -> ffi::Error {
+    constexpr Recipe R = decltype(tag)::value;
+    return Stage("quantize expert weights",
+                 launch_quantize_weight<T, R>(
+                     w, experts, a_dim, b_dim, QuantizedOut{out.along_a_values, out.along_a_scales},
+                     QuantizedOut{out.along_b_values, out.along_b_scales}, stream),
+                 stream);
+  });
+}
+
 #define MOK_FP8_FORWARD(T)                                                                         \
   template ffi::Error Forward8<T>(Recipe, cudaStream_t, ffi::ScratchAllocator&, const DeviceInfo&, \
                                   const Problem&, Quantized, const int*, const float*, Quantized,  \
                                   Quantized, T*, T*);                                              \
   template ffi::Error QuantizeRows<T>(Recipe, cudaStream_t, const DeviceInfo&, const T*, int64_t,  \
-                                      int64_t, uint8_t*, uint8_t*);
+                                      int64_t, uint8_t*, uint8_t*);                                \
+  template ffi::Error QuantizeWeight<T>(Recipe, cudaStream_t, const T*, int64_t, int64_t, int64_t, \
+                                        const WeightLayouts&);
 MOK_FP8_FORWARD(bf16)
 MOK_FP8_FORWARD(float)
 #undef MOK_FP8_FORWARD
