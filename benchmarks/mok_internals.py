@@ -4,9 +4,10 @@ re-pointed when modules move.
 The protocol times the routed experts given the routing (``topk_ids``, ``topk_weights``), as the
 torch peers are given it; the public ``jax_mok.moe`` also runs the router. So the harness calls
 the routed-experts functions under ``jax_mok.moe`` directly: the BF16 custom_vjp
-(``autodiff.routed_experts``) and the FP8 layer (``fp8.routed_experts_fp8``), and asks the FFI
-loader whether the kernels are built. Both package layouts are recognised: the kernel modules at
-the top of ``jax_mok`` or under ``jax_mok/kernels/``.
+(``autodiff.routed_experts``) and the FP8 layer (``routed_experts_fp8``), and asks the FFI
+loader whether the kernels are built. Every package layout so far is recognised: the kernel
+modules at the top of ``jax_mok`` or under ``jax_mok/kernels/``, the FP8 layer on the kernels in
+``jax_mok.quantization.cuda`` or, before that package, in the kernel modules' ``fp8``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ def _module(name: str):
         if importlib.util.find_spec(candidate) is not None:
             return importlib.import_module(candidate)
     return importlib.import_module(f"jax_mok.{name}")
+
+
+def _fp8_module():
+    """``jax_mok.quantization.cuda`` where that package exists, else :func:`_module` ``("fp8")``."""
+    try:
+        return importlib.import_module("jax_mok.quantization.cuda")
+    except ModuleNotFoundError as error:
+        if error.name != "jax_mok.quantization.cuda":
+            raise
+    return _module("fp8")
 
 
 def kernels_built(platform: str) -> bool:
@@ -46,7 +57,7 @@ def routed_experts_fp8(recipe: str, implementation: str = "ffi") -> Callable:
     """The FP8 layer for ``recipe`` ("mxfp8" / "fp8_block") with the signature of
     :func:`routed_experts_bf16`. The weights may be arrays (quantized inside the layer) or
     ``jax_mok.QuantizedWeight`` s from ``jax_mok.quantize_params`` (forward only)."""
-    fp8 = _module("fp8")  # jax_mok.kernels.fp8: the kernels where they run the call
+    fp8 = _fp8_module()  # the kernels where they run the call, else the pure-JAX layer
 
     def call(x2d, topk_ids, topk_weights, w_gate_up, w_down):
         return fp8.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe,

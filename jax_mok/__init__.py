@@ -1,7 +1,8 @@
 """jax_mok: a fused Mixture-of-Experts layer for JAX (XLA FFI kernels, custom_vjp, Flax).
 
 The layers, bottom-up (docs/architecture.md): ``config``, ``params``, ``tuning`` -> ``routing``
--> ``reference`` -> ``kernels`` -> ``ep`` -> ``api`` -> ``nnx`` / ``linen``.
+-> ``reference`` -> ``kernels`` -> ``ep`` -> ``api`` -> ``nnx`` / ``linen``. The FP8 package
+``quantization`` has a module at four of them (its docstring maps it).
 """
 
 from jax_mok import ep, hf, optim, quantization, reference, routing, sharding, tuning

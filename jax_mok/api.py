@@ -14,8 +14,9 @@ import jax.numpy as jnp
 
 from jax_mok import ep, reference
 from jax_mok.config import MoEConfig
-from jax_mok.kernels import _ffi, autodiff, fp8
+from jax_mok.kernels import _ffi, autodiff
 from jax_mok.params import MoEParams, validate
+from jax_mok.quantization import cuda as fp8
 from jax_mok.tuning import Tuning, resolve
 
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -80,9 +81,9 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
     Returns:
       ``y`` with the shape and dtype of ``x`` (and ``aux`` when ``return_aux``). Expert weights are
       cast to ``x.dtype`` for the GEMMs; accumulation is float32. With ``config.quantization``
-      the routed experts run in FP8 (:mod:`jax_mok.fp8` states the semantics; the weights are
-      cast to x's dtype, then quantized), and ``params`` may hold pre-quantized experts
-      (:func:`jax_mok.quantize_params`, forward only).
+      the routed experts run in FP8 (:mod:`jax_mok.quantization.layer` states the semantics;
+      the weights are cast to x's dtype, then quantized), and ``params`` may hold
+      pre-quantized experts (:func:`jax_mok.quantize_params`, forward only).
     """
     config = validate(x, params)
     if implementation is None:
@@ -106,7 +107,7 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
                                       implementation=implementation, tuning=tuning)
     if math.prod(x.shape[:-1]) == 0:
         return ep.no_tokens(x, config, return_aux)
-    if config.quantization is not None:  # the FP8 layer (jax_mok.fp8 states its semantics)
+    if config.quantization is not None:  # the FP8 layer (quantization.layer states its semantics)
         manual = ep.meshes.manual_axes(ep.meshes.ambient_mesh())
         if not manual and ep.partitioned.on_several_devices(x, params.w_gate_up, params.w_down):
             raise NotImplementedError(

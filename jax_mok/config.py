@@ -49,8 +49,9 @@ class MoEConfig:
         one power-of-two scale per 32 elements along each GEMM's reduction axis) or
         ``"fp8_block"`` (DeepSeek-V3: E4M3 values, float32 scales per 1 x 128 activation block
         and 128 x 128 weight tile). Routing, the shared expert and accumulation are unchanged;
-        see :mod:`jax_mok.fp8` for the exact semantics. The FP8 layer is pure JAX today and
-        always recomputes h in the backward (``save_activations`` changes nothing there).
+        see :mod:`jax_mok.quantization.layer` for the exact semantics. The FP8 layer is pure
+        JAX today and always recomputes h in the backward (``save_activations`` changes nothing
+        there).
     """
 
     num_experts: int

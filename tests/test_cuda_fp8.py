@@ -1,7 +1,8 @@
 """GPU tests of the FP8 kernels (ffi/cuda, both recipes): the quantizer's bits against
 jax_mok.quantization, and the layer's values and every gradient against the pure-JAX FP8 layer
-(jax_mok.fp8, the same semantics computed by XLA on dequantized operands), determinism, the saved
-and recomputed residual policies, and the distance to the unquantized layer.
+(jax_mok.quantization.layer, the same semantics computed by XLA on dequantized operands),
+determinism, the saved and recomputed residual policies, and the distance to the unquantized
+layer.
 
 Skipped without a GPU; ``JAX_MOK_REQUIRE_CUDA=1`` turns the skips into failures (GPU machine).
 """
@@ -47,15 +48,15 @@ def _vjp_fn(fn):
 
 
 def _cuda(recipe, save):
-    from jax_mok.kernels import fp8 as kernels_fp8
+    from jax_mok.quantization import cuda as kernels_fp8
 
     return _vjp_fn(lambda x, ids, w, wgu, wd: kernels_fp8.routed_experts_fp8(
         x, ids, w, wgu, wd, recipe, implementation="cuda", save_activations=save))
 
 
 def _reference(recipe, args):
-    """The pure-JAX FP8 layer (jax_mok.fp8: GEMMs at Precision.HIGHEST)."""
-    from jax_mok import fp8
+    """The pure-JAX FP8 layer (jax_mok.quantization.layer: GEMMs at Precision.HIGHEST)."""
+    from jax_mok.quantization import layer as fp8
 
     return _vjp_fn(lambda x, ids, w, wgu, wd: fp8.routed_experts_fp8(
         x, ids, w, wgu, wd, recipe))(*args)
@@ -124,13 +125,13 @@ CASES = [
 @pytest.mark.parametrize("T,H,F,E,k,kind", CASES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_matches_fp8_reference(T, H, F, E, k, kind, dtype, recipe):
-    """Same semantics as jax_mok.fp8, which sums in float32 at full precision. The kernels' FP8
-    wgmma accumulates one scale block (32 or 128 products) with reduced precision (~14 bits,
-    as DeepSeek-V3 reports for Hopper) before the float32 promotion, and the GEMM outputs that
-    are quantized again (a, dh) then round to a neighbouring E4M3 value now and then: measured
-    on an H200 (float32 x) 2.2e-3 to 4.2e-3 of relative Frobenius error, 1.3e-2 for T = 1 (two
-    assignments, where one flipped value weighs a lot). Bound: 1e-2, and float32 not at T = 1;
-    in bfloat16 the per-assignment rounding of the kernels' outputs adds ~3e-3 (1.5e-2)."""
+    """Same semantics as jax_mok.quantization.layer, which sums in float32 at full precision. The
+    kernels' FP8 wgmma accumulates one scale block (32 or 128 products) with reduced precision (~14
+    bits, as DeepSeek-V3 reports for Hopper) before the float32 promotion, and the GEMM outputs that
+    are quantized again (a, dh) then round to a neighbouring E4M3 value now and then: measured on an
+    H200 (float32 x) 2.2e-3 to 4.2e-3 of relative Frobenius error, 1.3e-2 for T = 1 (two
+    assignments, where one flipped value weighs a lot). Bound: 1e-2, and float32 not at T = 1; in
+    bfloat16 the per-assignment rounding of the kernels' outputs adds ~3e-3 (1.5e-2)."""
     if dtype == "float32" and (T * H > 300_000 or T == 1):
         pytest.skip("float32 on the small shapes with T > 1 only")  # bf16 covers the rest
     args = _problem(T + E, T, H, F, E, k, jnp.dtype(dtype), kind)
@@ -163,7 +164,8 @@ def test_saved_equals_recomputed_and_deterministic(recipe):
 def test_close_to_unquantized_layer(recipe):
     """Distance to the float32 layer: E4M3 rounds each operand by ~2.7 % RMS, a GEMM of two
     quantized operands is off by ~3.75 % and the layer's y and gradients by 6-7.5 % (measured
-    with jax_mok.fp8 on the CPU, tests/test_fp8.py), so the bound is 0.1, not issue 13's 5e-2."""
+    with jax_mok.quantization.layer on the CPU, tests/test_fp8.py), so the bound is 0.1, not
+    issue 13's 5e-2."""
     from jax_mok.kernels import autodiff
 
     args = _problem(5, 1024, 512, 256, 16, 4, jnp.float32, "balanced")

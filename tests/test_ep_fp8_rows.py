@@ -1,4 +1,4 @@
-"""Expert parallelism with an FP8 recipe (jax_mok.ep.quantized): the XLA transport's token rows
+"""Expert parallelism with an FP8 recipe (jax_mok.quantization.rows): the XLA transport's token rows
 travel quantized (x forward, dy backward), the results come home in x's dtype.
 
 - Requantization is idempotent in dequantized values for both recipes (why the forward's GEMM
@@ -42,15 +42,14 @@ Y_TOLERANCE = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.bfloat16): 1e-2}
 # and a*w are not rounded to bfloat16 as the single-device layer rounds them, and Q(dh) rounds
 # a few elements to the neighbouring E4M3 value (measured: dx <= 1.5e-2, router <= 3e-3).
 DATA_GRAD_TOLERANCE = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.bfloat16): 3e-2}
-# Expert-weight gradients. Their token-block operands (Qt, jax_mok.fp8) are quantized from the
-# rows the expert device holds: deq(Q(x)) and deq(Q(dy)) instead of x and dy. mxfp8's scales
-# are powers of two, so E4M3 rounds a normal value to 4 significant bits whatever its block:
-# Qt(deq(Q(t))) == Qt(t) except elements in the subnormal range of their block (float32:
-# measured equal, EP 2 and 4). fp8_block's scales are arbitrary, so Qt rounds deq(Q(t)) a
-# second time on a different grid: one more E4M3 rounding (~2.65 % RMS per element), measured
-# 3.7-4.2 % against the single-device layer (which is itself ~6.5 % from the unquantized
-# layer; see LAYER_TOLERANCE in test_fp8.py). bfloat16 adds the unrounded h, dh, a*w above
-# (mxfp8: measured 1.8-2.2 %).
+# Expert-weight gradients. Their token-block operands (Qt, jax_mok.quantization.layer) are quantized
+# from the rows the expert device holds: deq(Q(x)) and deq(Q(dy)) instead of x and dy. mxfp8's
+# scales are powers of two, so E4M3 rounds a normal value to 4 significant bits whatever its block:
+# Qt(deq(Q(t))) == Qt(t) except elements in the subnormal range of their block (float32: measured
+# equal, EP 2 and 4). fp8_block's scales are arbitrary, so Qt rounds deq(Q(t)) a second time on a
+# different grid: one more E4M3 rounding (~2.65 % RMS per element), measured 3.7-4.2 % against the
+# single-device layer (which is itself ~6.5 % from the unquantized layer; see LAYER_TOLERANCE in
+# test_fp8.py). bfloat16 adds the unrounded h, dh, a*w above (mxfp8: measured 1.8-2.2 %).
 WEIGHT_GRAD_TOLERANCE = {
     ("mxfp8", jnp.dtype(jnp.float32)): 1e-4,
     ("mxfp8", jnp.dtype(jnp.bfloat16)): 3e-2,

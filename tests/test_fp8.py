@@ -1,4 +1,4 @@
-"""The FP8 layer (jax_mok.fp8, ``MoEConfig.quantization``): phases, whole layer, API.
+"""The FP8 layer (jax_mok.quantization.layer, ``MoEConfig.quantization``): phases, whole layer, API.
 
 - Every GEMM operand equals the NumPy oracle's quantization of what the spec says it quantizes
   (bitwise), and every GEMM phase equals a float64 product of those operands.
@@ -26,9 +26,10 @@ from test_quantization import (
 )
 
 import jax_mok
-from jax_mok import fp8, testing
 from jax_mok import quantization as qz
-from jax_mok.kernels import fp8 as kernels_fp8
+from jax_mok import testing
+from jax_mok.quantization import cuda as kernels_fp8
+from jax_mok.quantization import layer as fp8
 
 CPU_DEVICES = cpu_devices.CPU_DEVICES
 cpu_devices.request()

@@ -37,9 +37,10 @@ from jax_mok import reference
 from jax_mok.ep import meshes, pack, plan, workspace
 from jax_mok.ep.peer import PeerTransport
 from jax_mok.ep.transport import Transport, XlaTransport
-from jax_mok.kernels import autodiff, fp8, vma
+from jax_mok.kernels import autodiff, vma
 from jax_mok.params import MoEParams
 from jax_mok.quantization import cast_weight
+from jax_mok.quantization import cuda as fp8
 from jax_mok.routing import Routing, aux_losses, count_per_expert, route
 from jax_mok.tuning import Tuning, resolve
 

@@ -7,7 +7,7 @@ depend on which transport it holds.
 - :class:`XlaTransport`: ``lax.all_to_all`` there and back, this device's kernels in between,
   the fixed-order home sum (:func:`jax_mok.ep.pack.home_sum`). Any backend. With an FP8 recipe
   the rows to the experts (x forward, dy backward) travel quantized
-  (:mod:`jax_mok.ep.quantized`); results come home in x's dtype and add up in float32.
+  (:mod:`jax_mok.quantization.rows`); results come home in x's dtype and add up in float32.
 - :class:`jax_mok.ep.peer.PeerTransport`: NVLink peer memory (docs/peer-transport.md).
 """
 
@@ -18,9 +18,10 @@ from typing import Protocol
 
 import jax
 
-from jax_mok.ep import quantized
 from jax_mok.ep.pack import Packed, home_sum
-from jax_mok.kernels import autodiff, fp8
+from jax_mok.kernels import autodiff
+from jax_mok.quantization import cuda as fp8
+from jax_mok.quantization import rows as quantized
 from jax_mok.tuning import Tuning
 
 
@@ -40,7 +41,7 @@ def experts_on_rows(recv_x: jax.Array, recv_ids: jax.Array, recv_w: jax.Array,
     """This device's experts on the rows it received, ``[EP, R, H]`` (ids, weights
     ``[EP, R, k]``; local expert ids, -1 skipped) → ``[EP, R, H]``: each row's local experts
     summed; padding rows (every id -1) give zeros. With ``quantization`` the FP8 layer
-    (:mod:`jax_mok.kernels.fp8`; its weight-gradient token blocks follow the received rows'
+    (:mod:`jax_mok.quantization.cuda`; its weight-gradient token blocks follow the received rows'
     order), in ``recv_x``'s dtype: float32 for rows that travelled quantized."""
     ep, rows, H = recv_x.shape
     args = (recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),

@@ -1,5 +1,5 @@
 // The two FP8 formats of MoEConfig.quantization, element by element, exactly as
-// jax_mok/quantization.py defines them (the GPU tests compare these kernels' bits with it):
+// jax_mok/quantization/format.py defines them (the GPU tests compare these kernels' bits with it):
 //   mxfp8     : E4M3 values, one E8M0 scale 2^e per 32 elements along the reduction axis; e is the
 //               smallest integer with amax <= 448 * 2^e (from the bits of amax, no log2), clamped
 //               to [-127, 127], -127 for amax = 0; value = RNE_e4m3(clip(x * 2^-e, +-448)).

@@ -49,19 +49,19 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_mok import fp8_format
-from jax_mok import quantization as qz
-from jax_mok.quantization import QuantizedWeight
+from jax_mok.quantization import blocks
+from jax_mok.quantization import format as fmt
+from jax_mok.quantization.blocks import QuantizedWeight
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-_TOKEN_BLOCK = {"mxfp8": qz.MX_BLOCK, "fp8_block": qz.BLOCK}
+_TOKEN_BLOCK = {"mxfp8": fmt.MX_BLOCK, "fp8_block": fmt.BLOCK}
 
 
 # --- operands ---------------------------------------------------------------------------------
 
 def activation_operand(t: jax.Array, recipe: str) -> jax.Array:
     """``deq(Q(t))`` along the last axis, float32 of t's shape."""
-    return qz.fake_quantize(t, recipe, -1)
+    return blocks.fake_quantize(t, recipe, -1)
 
 
 def weight_operand(w, recipe: str, reduction_axis: int) -> jax.Array:
@@ -119,10 +119,10 @@ def token_block_operand(t: jax.Array, segment: jax.Array, count: int, valid: jax
                         recipe: str) -> jax.Array:
     """``deq(Qt(t))`` for sorted rows ``t [N, C]``: one scale per (token block, column); rows
     that are not ``valid`` are zeros."""
-    x32 = jnp.where(valid[:, None], qz.to_float32(t), 0.0)
-    amax_bits = jax.ops.segment_max(qz.abs_bits(x32), segment, count,
+    x32 = jnp.where(valid[:, None], fmt.to_float32(t), 0.0)
+    amax_bits = jax.ops.segment_max(fmt.abs_bits(x32), segment, count,
                                     indices_are_sorted=True)  # [count, C]
-    return fp8_format.fake_quantize_with_amax(x32, amax_bits[segment], recipe)
+    return fmt.fake_quantize_with_amax(x32, amax_bits[segment], recipe)
 
 
 # --- GEMMs ------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe: 
     w_gate_up_2f = w_gate_up_h if recipe == "fp8_block" else weight_operand(w_gate_up, recipe, 2)
     x_rows = activation_operand(x2d, recipe)[d.token]
     h = grouped_matmul(x_rows, w_gate_up_h, d.group_sizes)
-    h = qz.to_float32(h.astype(dtype))  # the forward's h as the kernels keep it
+    h = fmt.to_float32(h.astype(dtype))  # the forward's h as the kernels keep it
     dy_q = activation_operand(dy.astype(dtype), recipe)[d.token]
     g = grouped_matmul(dy_q, jnp.swapaxes(w_down_h, 1, 2), d.group_sizes)  # [N, F]
     g = jnp.where(d.valid[:, None], g, 0.0)
@@ -325,10 +325,11 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
       w_down: ``[E, F, H]`` array or a :class:`QuantizedWeight` along F (forward only).
       recipe: ``"mxfp8"`` or ``"fp8_block"``.
 
-    This is the pure-JAX layer (the CPU path and the oracle); :func:`jax_mok.kernels.fp8.
-    routed_experts_fp8` routes a call to the CUDA kernels where they run it.
+    This is the pure-JAX layer (the CPU path and the oracle);
+    :func:`jax_mok.quantization.cuda.routed_experts_fp8` routes a call to the CUDA kernels where
+    they run it.
     """
-    qz.check_recipe(recipe)
+    fmt.check_recipe(recipe)
     if x2d.ndim != 2 or not jnp.issubdtype(x2d.dtype, jnp.floating):
         raise ValueError(f"x2d must be a [T, H] float array, got shape {tuple(x2d.shape)} "
                          f"dtype {x2d.dtype}")
@@ -336,7 +337,7 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
     if topk_ids.ndim != 2 or topk_ids.shape[0] != tokens or topk_weights.shape != topk_ids.shape:
         raise ValueError(f"topk_ids and topk_weights must both be [T={tokens}, k], got "
                          f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
-    qz.check_weights(w_gate_up, w_down, recipe)
+    blocks.check_weights(w_gate_up, w_down, recipe)
     E, H, two_f = w_gate_up.shape
     if H != hidden or two_f % 2 or tuple(w_down.shape) != (E, two_f // 2, hidden):
         raise ValueError(f"expected w_gate_up [E, H={hidden}, 2F] and w_down [E, F, H], got "

@@ -31,8 +31,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_mok import quantization
 from jax_mok.kernels import vma
+from jax_mok.quantization import blocks
 
 
 def _all_to_all(a: jax.Array, axis: str) -> jax.Array:
@@ -51,11 +51,11 @@ def travel_quantized(rows: jax.Array, axis: str, recipe: str) -> jax.Array:
     """``rows [EP, R, H]`` quantized along H, values and scales all_to_all'd over ``axis``,
     dequantized: float32 ``[EP, R, H]``, the received ``deq(Q(rows))``."""
     ep, r, h = rows.shape
-    values, scales = quantization.quantize(rows.reshape(ep * r, h), recipe)
+    values, scales = blocks.quantize(rows.reshape(ep * r, h), recipe)
     values = _all_to_all_bytes(values.reshape(ep, r, h), axis)
     scales = scales.reshape(ep, r, -1)
     scales = (_all_to_all_bytes if scales.dtype.itemsize == 1 else _all_to_all)(scales, axis)
-    return quantization.dequantize(values, scales, recipe)
+    return blocks.dequantize(values, scales, recipe)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))

@@ -1,43 +1,7 @@
-"""FP8 formats of the MoE layer: ``"mxfp8"`` (OCP MX) and ``"fp8_block"`` (DeepSeek-V3).
-
-Both recipes store values as ``float8_e4m3fn`` (largest finite 448, no infinity) with one scale
-per block of consecutive elements. This module is the specification: the CUDA kernels reproduce
-these functions bit for bit, and the tests hold both to a NumPy oracle.
-
-Common rules
-  * Work in float32: ``x32 = x.astype(float32)`` (bfloat16 and float16 convert exactly).
-  * Blocks run along a chosen axis (or two). A partial block at the end is padded with zeros:
-    values keep x's shape, scales have ``ceil(n / block)`` entries along the blocked axis.
-  * ``amax = max |x32|`` over the block.
-  * Non-finite blocks: a block holding a NaN or an infinity gets a NaN scale (E8M0 byte 0xFF /
-    float32 NaN) and every value of the block becomes the E4M3 NaN 0x7F. E4M3 has no infinity and
-    no finite scale covers one, so an infinite input is reported as NaN rather than clipped.
-  * Values are rounded to nearest even after clipping to ``[-448, 448]``; the sign of zero is
-    kept.
-  * Subnormal float32 inputs are values like any other (IEEE semantics, no flushing). XLA:CPU
-    flushes subnormal operands of float arithmetic, so this module derives amax and exponents
-    from the bits and scales subnormal inputs through their integer mantissa: the results are
-    the same on every platform.
-
-``"mxfp8"`` — block 32 along ``axis``, one E8M0 scale per block (byte ``e + 127``).
-  ``e`` is the smallest integer with ``amax <= 448 * 2**e`` (so no value saturates), computed
-  exactly from the bits of amax: with ``amax = m * 2**q``, ``m`` in ``[0.5, 1)``, ``e = q - 9``
-  if ``m <= 0.875`` else ``q - 8``; clamped to ``[-127, 127]``; ``amax == 0`` (or subnormal)
-  gives ``e = -127``. Values: ``x32 * 2**-e`` exactly, clipped, cast to E4M3 (RNE).
-  Dequantize: ``values.astype(float32) * 2**e``, exact: every E4M3 value times ``2**e``,
-  ``-127 <= e <= 127``, is a float32 (subnormal results included) unless ``|v| * 2**e >= 2**128``,
-  which is infinity: from finite float32 input that happens only in blocks with ``e = 120`` whose
-  values round to ``|v| >= 256``, i.e. ``|x| >= 248 * 2**120`` (about 3.3e38). Byte 0xFF
-  dequantizes to NaN.
-
-``"fp8_block"`` — float32 scales; activations in 1 x 128 blocks along the last axis, weights in
-  128 x 128 blocks over the last two axes.
-  ``scale = amax / 448`` (IEEE float32 division, round to nearest) where that quotient is at
-  least ``2**-117``, else ``scale = 1.0`` (amax 0, or a block below ``448 * 2**-117 ≈ 2.7e-33``,
-  which then quantizes to zeros). The bound keeps every dequantized value ``v * scale`` a normal
-  float32, so no platform's subnormal flushing can change a bit.
-  Values: ``x32 / scale`` (IEEE float32 division), clipped, cast to E4M3 (RNE).
-  Dequantize: ``values.astype(float32) * scale`` (one float32 multiplication).
+"""The public FP8 quantizers: whole arrays blocked along their axes, quantized and dequantized
+by the rules of :mod:`jax_mok.quantization.format` (its docstring is the specification), the
+pre-quantized weight :class:`QuantizedWeight`, and the checks and casts of expert weights that
+the layers share (:func:`check_weights`, :func:`cast_weight`).
 
 Layout of pre-quantized weights (:class:`QuantizedWeight`): values with the GEMM's reduction axis
 LAST (``w_gate_up [E, H, 2F]`` quantized along H is stored ``[E, 2F, H]``), scales likewise
@@ -53,12 +17,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jax_mok.fp8_format import (
+from jax_mok.quantization.format import (
     BLOCK,
-    E4M3_MAX,
     MX_BLOCK,
     NONFINITE_BITS,
-    RECIPES,
     abs_bits,
     block_dequantize_values,
     block_scale,
@@ -116,7 +78,7 @@ def _amax_bits(blocks: jax.Array, axis) -> jax.Array:
 
 
 def quantize_mxfp8(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
-    """OCP MXFP8: ``(values, scales)``, blocks of 32 along ``axis`` (module docstring).
+    """OCP MXFP8: ``(values, scales)``, blocks of 32 along ``axis`` (the format's rules).
 
     Args:
       x: floating-point array of any shape.
@@ -189,7 +151,7 @@ def _dequantize_mxfp8(values, scales, axis: int, dtype):
 
 
 def quantize_fp8_block(x: jax.Array, block=(1, BLOCK)) -> tuple[jax.Array, jax.Array]:
-    """DeepSeek-V3 block FP8: ``(values, scales)`` (module docstring).
+    """DeepSeek-V3 block FP8: ``(values, scales)`` (the format's rules).
 
     Args:
       x: floating-point array. ``block=(1, 128)``: blocks of 128 along the last axis (at least
@@ -368,13 +330,9 @@ def cast_weight(w, dtype):
 
 
 __all__ = [
-    "BLOCK",
+    "QuantizedWeight",
     "cast_weight",
     "check_weights",
-    "E4M3_MAX",
-    "MX_BLOCK",
-    "RECIPES",
-    "QuantizedWeight",
     "dequantize",
     "dequantize_fp8_block",
     "dequantize_mxfp8",
@@ -382,4 +340,5 @@ __all__ = [
     "quantize",
     "quantize_fp8_block",
     "quantize_mxfp8",
+    "scale_count",
 ]

@@ -1,13 +1,13 @@
 """The FP8 layer (``MoEConfig(quantization=...)``) on the kernels: which implementation runs a
 call, and the custom_vjp over the CUDA FP8 targets.
 
-The semantics are :mod:`jax_mok.fp8`'s (pure JAX: the CPU path and the oracle). On CUDA the
-kernels compute the same function up to float32 summation order: x, dy and the weights are
-quantized here by :mod:`jax_mok.quantization` (XLA fusions: the format is defined once), each
-operand laid out with its GEMM's reduction axis last, as FP8 wgmma reads it; the kernels quantize
-what they produce themselves (a = SwiGLU(h) along F in the gate/up epilogue, dh along 2F, and the
-weight gradients' operands along each expert's tokens) with the same rules
-(ffi/cuda/device/fp8_format.cuh).
+The semantics are :mod:`jax_mok.quantization.layer`'s (pure JAX: the CPU path and the oracle).
+On CUDA the kernels compute the same function up to float32 summation order: x, dy and the
+weights are quantized here by :mod:`jax_mok.quantization.blocks` (XLA fusions: the format is
+defined once), each operand laid out with its GEMM's reduction axis last, as FP8 wgmma reads it;
+the kernels quantize what they produce themselves (a = SwiGLU(h) along F in the gate/up
+epilogue, dh along 2F, and the weight gradients' operands along each expert's tokens) with the
+same rules (ffi/cuda/device/fp8_format.cuh).
 
 Residuals: with ``save`` the forward also writes h [T*k, 2F] in x's dtype and the backward skips
 its gate/up GEMM; without it the backward recomputes h (the same bits).
@@ -21,10 +21,10 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from jax_mok import fp8, quantization
 from jax_mok.kernels import _ffi, targets
 from jax_mok.kernels.autodiff import check_implementation, resolve_save_activations
-from jax_mok.quantization import QuantizedWeight
+from jax_mok.quantization import blocks, layer
+from jax_mok.quantization.blocks import QuantizedWeight
 
 _warned: set[str] = set()
 
@@ -34,9 +34,9 @@ def weight_k_major(w: jax.Array, reduce_axis: int, recipe: str) -> tuple[jax.Arr
     that axis last: values ``[E, N, K]``, scales ``[E, N, K/32]`` (mxfp8) or ``[E, N/128, K/128]``
     (fp8_block: 128 x 128 tiles, the same whichever axis is reduced)."""
     if recipe == "mxfp8":
-        values, scales = quantization.quantize_mxfp8(w, axis=reduce_axis)
+        values, scales = blocks.quantize_mxfp8(w, axis=reduce_axis)
     else:
-        values, scales = quantization.quantize_fp8_block(w, block=(128, 128))
+        values, scales = blocks.quantize_fp8_block(w, block=(128, 128))
     if reduce_axis == 1:
         values, scales = jnp.swapaxes(values, 1, 2), jnp.swapaxes(scales, 1, 2)
     return values, scales
@@ -57,7 +57,7 @@ def routed_experts_fp8_cuda(x2d: jax.Array, topk_ids: jax.Array, topk_weights: j
     (arrays in x's dtype, or QuantizedWeights for inference)."""
     del save  # only a differentiated forward keeps h
     wgu, wd = _forward_weights(w_gate_up, w_down, recipe)
-    y, _ = targets.fp8_forward(quantization.quantize(x2d, recipe), topk_ids, topk_weights, wgu, wd,
+    y, _ = targets.fp8_forward(blocks.quantize(x2d, recipe), topk_ids, topk_weights, wgu, wd,
                                recipe, x2d.dtype, False)
     return y
 
@@ -68,7 +68,7 @@ def _cuda_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, save):
             raise TypeError(
                 f"jax_mok: {name} is pre-quantized (jax_mok.quantize_params), which serves "
                 "inference only; differentiate with the unquantized MoEParams instead")
-    x_q = quantization.quantize(x2d, recipe)
+    x_q = blocks.quantize(x2d, recipe)
     wgu, wd = _forward_weights(w_gate_up, w_down, recipe)
     y, h = targets.fp8_forward(x_q, topk_ids, topk_weights, wgu, wd, recipe, x2d.dtype, save)
     return y, (x2d, x_q, topk_ids, topk_weights, w_gate_up, w_down, wgu, h)
@@ -79,7 +79,7 @@ def _cuda_bwd(recipe, save, residuals, dy):
     x2d, x_q, topk_ids, topk_weights, w_gate_up, w_down, wgu_fwd, h = residuals
     dy = dy.astype(x2d.dtype)
     dx, d_w, d_gu, d_dn = targets.fp8_backward(
-        dy, quantization.quantize(dy, recipe), x2d, x_q, topk_ids, topk_weights, wgu_fwd,
+        dy, blocks.quantize(dy, recipe), x2d, x_q, topk_ids, topk_weights, wgu_fwd,
         weight_k_major(w_down, 2, recipe), weight_k_major(w_gate_up, 2, recipe), h, recipe)
     return dx, None, d_w, d_gu.astype(w_gate_up.dtype), d_dn.astype(w_down.dtype)
 
@@ -102,7 +102,8 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
                        save_activations: bool | None = None) -> jax.Array:
     """The FP8 routed experts: the CUDA kernels for ``implementation="cuda"``, or ``"ffi"`` with
     a GPU default backend, where :func:`cuda_limits` allows (a one-time warning says why not,
-    and the pure-JAX layer runs); :func:`jax_mok.fp8.routed_experts_fp8` everywhere else."""
+    and the pure-JAX layer runs); :func:`jax_mok.quantization.layer.routed_experts_fp8` everywhere
+    else."""
     check_implementation(implementation)
     on_gpu = implementation == "cuda" or (
         implementation == "ffi" and jax.default_backend() == "gpu")
@@ -116,7 +117,7 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
             _warned.add(reason)
             warnings.warn(f"jax_mok: quantization={recipe!r} runs the pure-JAX FP8 layer because "
                           f"{reason}", stacklevel=3)
-    return fp8.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
+    return layer.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
 
 
 __all__ = ["cuda_limits", "routed_experts_fp8", "routed_experts_fp8_cuda",
