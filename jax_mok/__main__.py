@@ -89,9 +89,12 @@ def _cuda_section() -> list[str]:
     except RuntimeError:
         gpus = []
     if gpus:
-        capability = getattr(gpus[0], "compute_capability", "?")
         lines.append(f"  GPUs          : {len(gpus)} x {gpus[0].device_kind} "
-                     f"(compute capability {capability})")
+                     f"(compute capability {_ffi.gpu_capability()})")
+        reason = _ffi.cuda_device_limits()
+        lines.append("  on this GPU   : " + (
+            "supported" if reason is None else
+            f"unsupported ({reason}): the default implementation is the reference"))
     else:
         lines.append("  GPUs          : none visible to JAX (the kernels need an sm_90 GPU)")
     return lines

@@ -25,7 +25,10 @@ _warned: set[str] = set()
 
 
 def kernel_limits(dtype, config: MoEConfig, backend: str) -> str | None:
-    """None when the kernels handle this call on ``backend``, else the reason they do not."""
+    """None when the kernels handle this call on ``backend``, else the reason they do not (on
+    a GPU first the device: the CUDA kernels run on compute capability 9.x only)."""
+    if backend in ("gpu", "cuda") and (reason := _ffi.cuda_device_limits()) is not None:
+        return reason
     if jnp.dtype(dtype) not in KERNEL_DTYPES:
         return f"the kernels take float32 or bfloat16 x, got {jnp.dtype(dtype)}"
     if backend in ("gpu", "cuda"):
@@ -39,18 +42,22 @@ def kernel_limits(dtype, config: MoEConfig, backend: str) -> str | None:
 
 
 def default_implementation(dtype=None, config: MoEConfig | None = None) -> str:
-    """The kernels where they are built for the default backend and handle the call (dtype and
-    sizes, when given), else the reference — with a one-time warning saying why."""
+    """The kernels where they are built for the default backend, run on its device (on a GPU:
+    compute capability 9.x) and handle the call (dtype and sizes, when given), else the
+    reference — with a one-time warning saying why."""
     backend = jax.default_backend()
     if not _ffi.kernels_built(backend):
         return "reference"
-    reason = kernel_limits(dtype, config, backend) if config is not None else None
+    if config is not None:
+        reason = kernel_limits(dtype, config, backend)
+    else:
+        reason = _ffi.cuda_device_limits() if backend in ("gpu", "cuda") else None
     if reason is None:
         return "ffi"
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"jax_mok.moe: using implementation='reference' because {reason}",
-                      stacklevel=3)
+        warnings.warn(f"jax_mok.moe: using implementation='reference' because {reason} "
+                      "(pass implementation='reference' to silence this warning)", stacklevel=3)
     return "reference"
 
 
@@ -65,8 +72,9 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
       return_aux: also return a dict with ``load_balancing_loss``, ``router_z_loss``,
         ``expert_counts [E] int32`` (assignments processed per expert, after capacity drops) and
         ``dropped_tokens`` (int32 count of dropped assignments).
-      implementation: ``None`` (kernels if built for the default backend, else reference),
-        ``"reference"``, ``"ffi"``, ``"cpu"`` or ``"cuda"``.
+      implementation: ``None`` (kernels if built for the default backend and, on a GPU, it has
+        compute capability 9.x; else reference), ``"reference"``, ``"ffi"``, ``"cpu"`` or
+        ``"cuda"`` (these three raise at trace time where the kernels cannot run the call).
       mesh, expert_axis, token_axes, transport: the partitioning (see :mod:`jax_mok.sharding`).
         Without any of them the call reads the shardings of ``x`` and the expert weights: under
         ``jax.jit`` it runs data parallel where the experts are replicated, expert parallel

@@ -96,8 +96,10 @@ def sum_home_rows(buffer: jax.Array, row: jax.Array, sent: jax.Array) -> jax.Arr
 
 def home_sum_kernel_applies(buffer: jax.Array) -> bool:
     """Whether :func:`sum_home_rows` lowers to ``mok_home_sum`` on CUDA: a ``[EP, R, H]``
-    buffer of bfloat16 / float32 rows of whole 16-byte vectors, with the CUDA extension built."""
-    if buffer.ndim != 3 or not _ffi.kernels_built("cuda"):
+    buffer of bfloat16 / float32 rows of whole 16-byte vectors, with the CUDA extension built
+    and not a GPU it does not run on (:func:`_ffi.cuda_device_limits`: the reference's combine
+    takes this path too)."""
+    if buffer.ndim != 3 or not _ffi.kernels_built("cuda") or _ffi.cuda_device_limits():
         return False
     per_vector = {jnp.dtype(jnp.bfloat16): 8, jnp.dtype(jnp.float32): 4}.get(buffer.dtype)
     return per_vector is not None and buffer.shape[2] % per_vector == 0

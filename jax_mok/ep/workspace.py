@@ -289,6 +289,8 @@ def peer_transport_available(mesh, axis: str = "expert") -> tuple[bool, str]:
     module = _cuda()
     if module is None:
         return False, "the CUDA extension jax_mok._mok_cuda (with peer memory) is not built"
+    if (device := _ffi.cuda_device_limits()) is not None:
+        return False, device
     if not isinstance(mesh, jax.sharding.Mesh):
         return False, ("an AbstractMesh (e.g. the ambient mesh under jit) has no devices; pass a "
                        "concrete jax.sharding.Mesh as mesh=...")

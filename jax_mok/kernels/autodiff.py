@@ -98,8 +98,9 @@ def resolve_save_activations(implementation: str, save: bool | None) -> bool:
 
 
 def check_implementation(implementation: str) -> None:
-    """Raises for an unknown implementation, or ``"cpu"`` / ``"cuda"`` whose extension is not
-    built; registers the targets every platform of this process can lower for (``"ffi"``)."""
+    """Raises for an unknown implementation, ``"cpu"`` / ``"cuda"`` whose extension is not
+    built, or ``"cuda"`` on a GPU the kernels do not run on (:func:`_ffi.cuda_device_limits`);
+    registers the targets every platform of this process can lower for (``"ffi"``)."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     if implementation in ("cpu", "cuda") and not _ffi.kernels_built(implementation):
@@ -107,6 +108,9 @@ def check_implementation(implementation: str) -> None:
             f"jax_mok: implementation={implementation!r} but its extension _mok_{implementation} "
             "is not built (reinstall jax_mok; the CUDA one needs nvcc on PATH or JAX_MOK_CUDA=1)"
         )
+    if implementation == "cuda" and (reason := _ffi.cuda_device_limits()) is not None:
+        raise ValueError(f"jax_mok: implementation='cuda' but {reason}; use "
+                         "implementation='reference' on this GPU")
     if implementation == "ffi":
         _ffi.register_targets()
 

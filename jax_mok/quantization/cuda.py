@@ -88,9 +88,11 @@ routed_experts_fp8_cuda.defvjp(_cuda_fwd, _cuda_bwd)
 
 
 def cuda_limits(hidden: int, ffn: int) -> str | None:
-    """None when the CUDA FP8 kernels run a layer of this width, else why not."""
+    """None when the CUDA FP8 kernels run a layer of this width on this GPU, else why not."""
     if not _ffi.kernels_built("cuda"):
         return "the CUDA extension is not built"
+    if (device := _ffi.cuda_device_limits()) is not None:
+        return device
     if hidden % 128 or ffn % 128:
         return (f"the FP8 kernels need hidden_size and ffn_size multiples of 128, got {hidden}, "
                 f"{ffn}")
