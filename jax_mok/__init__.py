@@ -10,10 +10,11 @@ from jax_mok.api import moe
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams, init_params, quantize_params
 from jax_mok.quantization import QuantizedWeight
+from jax_mok.quantization.weights import Fp8Weights, fp8_weights
 from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
 
 __version__ = "0.1.0"
 
-__all__ = ["KernelTuning", "MoEConfig", "MoEParams", "PeerTuning", "QuantizedWeight", "Tuning",
-           "__version__", "ep", "hf", "init_params", "moe", "optim", "quantization",
-           "quantize_params", "reference", "routing", "sharding", "tuning"]
+__all__ = ["Fp8Weights", "KernelTuning", "MoEConfig", "MoEParams", "PeerTuning", "QuantizedWeight",
+           "Tuning", "__version__", "ep", "fp8_weights", "hf", "init_params", "moe", "optim",
+           "quantization", "quantize_params", "reference", "routing", "sharding", "tuning"]

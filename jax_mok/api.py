@@ -17,6 +17,7 @@ from jax_mok.config import MoEConfig
 from jax_mok.kernels import _ffi, autodiff
 from jax_mok.params import MoEParams, validate
 from jax_mok.quantization import cuda as fp8
+from jax_mok.quantization.weights import Fp8Weights, check_fp8_weights
 from jax_mok.tuning import Tuning, resolve
 
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -63,7 +64,8 @@ def default_implementation(dtype=None, config: MoEConfig | None = None) -> str:
 
 def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         implementation: str | None = None, mesh=None, expert_axis: str = "expert",
-        token_axes=None, transport: str | None = None, tuning: Tuning | None = None):
+        token_axes=None, transport: str | None = None, tuning: Tuning | None = None,
+        fp8_weights: Fp8Weights | None = None):
     """Mixture-of-Experts layer.
 
     Args:
@@ -85,6 +87,12 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         ``expert_axis`` and the tokens over ``token_axes``.
       tuning: :class:`jax_mok.Tuning` for the kernels and the peer transport (None: the
         defaults and ``JAX_MOK_TUNING``; jax_mok/tuning.py). Never changes what is computed.
+      fp8_weights: with ``config.quantization``, the expert weights' FP8 layouts made once by
+        :func:`jax_mok.fp8_weights` (e.g. per optimizer step, for every micro-batch): the call
+        reads them instead of quantizing ``params``' weights. Values and gradients (which still
+        reach ``params``) are those of the call without it, for the weights it was made from;
+        it is a cache the caller keeps current. Not with a mesh plan (``mesh=``, sharded
+        experts); inside a user's ``shard_map``, pass per-device fp8_weights.
 
     Returns:
       ``y`` with the shape and dtype of ``x`` (and ``aux`` when ``return_aux``). Expert weights are
@@ -108,9 +116,18 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
             raise ValueError(f"implementation={implementation!r}: {reason}; "
                              "use implementation='reference' or None")
     tuning = resolve(tuning)
+    if fp8_weights is not None:
+        check_fp8_weights(fp8_weights, config, x.dtype)
     plan = ep.plan_for(params, x=x, mesh=mesh, expert_axis=expert_axis, token_axes=token_axes,
                        transport=transport)
     if plan is not None:
+        if fp8_weights is not None:
+            kind = ("expert parallel over " + repr(plan.expert_axis) if plan.expert_axis
+                    else "data parallel")
+            raise NotImplementedError(
+                f"jax_mok.moe: fp8_weights with a mesh plan ({kind}) are not supported; leave "
+                "them out (the layer then quantizes its local experts in each call), or call "
+                "the layer inside your own shard_map with per-device fp8_weights")
         return ep.moe_expert_parallel(x, params, plan, return_aux=return_aux,
                                       implementation=implementation, tuning=tuning)
     if math.prod(x.shape[:-1]) == 0:
@@ -124,7 +141,8 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
                 "explicit axes (the automatically partitioned ops run the BF16 layer only)")
         experts = functools.partial(fp8.routed_experts_fp8, recipe=config.quantization,
                                     implementation=implementation,
-                                    save_activations=config.save_activations)
+                                    save_activations=config.save_activations,
+                                    prepared=fp8_weights)
     elif _partitioned_experts(x, params, implementation):
         experts = functools.partial(ep.partitioned.routed_experts, config=config,
                                     implementation=implementation, tuning=tuning)

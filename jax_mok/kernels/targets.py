@@ -348,7 +348,7 @@ def quantize_rows(x, recipe: str):
         scales = jax.ShapeDtypeStruct((R, C // 128), jnp.float32)
     values = jax.ShapeDtypeStruct((R, C), jnp.float8_e4m3fn)
     return _call("mok_quantize", (values, scales), x,
-                 attrs={"recipe": np.int32(FP8_RECIPES[recipe])})
+                 attrs={"recipe": np.int32(FP8_RECIPES[recipe])}, vmap_method="sequential")
 
 
 def _weight_layout(w, recipe: str, axis: int):
@@ -369,7 +369,8 @@ def quantize_weight(w, recipe: str, axis: int):
     quantized along ``axis`` (1 or 2) in one pass -> ``(values, scales)`` with the reduction dim
     last, the bits of ``jax_mok.quantization.QuantizedWeight.quantize(w, recipe, axis)``."""
     return _call("mok_quantize_weight", _weight_layout(w, recipe, axis), w,
-                 attrs={"recipe": np.int32(FP8_RECIPES[recipe]), "axis": np.int32(axis)})
+                 attrs={"recipe": np.int32(FP8_RECIPES[recipe]), "axis": np.int32(axis)},
+                 vmap_method="sequential")
 
 
 def quantize_weight_both(w, recipe: str):
@@ -377,7 +378,8 @@ def quantize_weight_both(w, recipe: str):
     B -> ``((values, scales) along A, (values, scales) along B)``."""
     outs = (*_weight_layout(w, recipe, 1), *_weight_layout(w, recipe, 2))
     a_v, a_s, b_v, b_s = _call("mok_quantize_weight_both", outs, w,
-                               attrs={"recipe": np.int32(FP8_RECIPES[recipe])})
+                               attrs={"recipe": np.int32(FP8_RECIPES[recipe])},
+                               vmap_method="sequential")
     return (a_v, a_s), (b_v, b_s)
 
 

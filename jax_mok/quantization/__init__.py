@@ -11,12 +11,16 @@ it in this package. Submodules, bottom-up, with the layer of the architecture ea
   semantics, the CPU path and the oracle of the CUDA kernels; the ``reference`` layer.
 - :mod:`~jax_mok.quantization.cuda`: the FP8 layer on the CUDA kernels (a ``custom_vjp`` over
   the FFI targets) and the choice of implementation; the ``kernels`` layer.
+- :mod:`~jax_mok.quantization.weights`: :func:`~jax_mok.quantization.weights.fp8_weights`, the
+  expert weights' FP8 layouts made once per optimizer step (``jax_mok.moe(...,
+  fp8_weights=...)``); the ``kernels`` layer (it calls the CUDA quantizer).
 - :mod:`~jax_mok.quantization.rows`: FP8 token rows over the expert-parallel XLA transport; the
   ``ep`` layer (``ep.transport`` imports it).
 
 This module re-exports the public API of ``format`` and ``blocks`` only: ``params`` and
-``reference`` import it, so it must not import ``layer``, ``cuda`` or ``rows`` (which import
-``kernels``, which imports ``reference``); import those submodules by name.
+``reference`` import it, so it must not import ``layer``, ``cuda``, ``weights`` or ``rows``
+(which import ``kernels``, which imports ``reference``); import those submodules by name
+(``jax_mok.fp8_weights`` is re-exported by the package ``jax_mok``).
 """
 
 from jax_mok.quantization.blocks import (

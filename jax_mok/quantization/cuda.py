@@ -1,13 +1,20 @@
 """The FP8 layer (``MoEConfig(quantization=...)``) on the kernels: which implementation runs a
-call, and the custom_vjp over the CUDA FP8 targets.
+call, and the custom_vjps over the CUDA FP8 targets.
 
 The semantics are :mod:`jax_mok.quantization.layer`'s (pure JAX: the CPU path and the oracle).
-On CUDA the kernels compute the same function up to float32 summation order: x, dy and the
-weights are quantized here by :mod:`jax_mok.quantization.blocks` (XLA fusions: the format is
-defined once), each operand laid out with its GEMM's reduction axis last, as FP8 wgmma reads it;
-the kernels quantize what they produce themselves (a = SwiGLU(h) along F in the gate/up
-epilogue, dh along 2F, and the weight gradients' operands along each expert's tokens) with the
-same rules (ffi/cuda/device/fp8_format.cuh).
+On CUDA the kernels compute the same function up to float32 summation order, and no operand is
+quantized by XLA: x and dy by ``mok_quantize`` (rows along H), the expert weights by
+``mok_quantize_weight`` (one pass per weight; a differentiated forward writes the backward's
+layouts in the same pass and keeps them for the backward), each with the bits of
+:mod:`jax_mok.quantization.blocks` (the GPU tests compare them) and laid out with its GEMM's
+reduction axis last, as FP8 wgmma reads it. The kernels quantize what they produce themselves
+(a = SwiGLU(h) along F in the gate/up epilogue, dh along 2F, and the weight gradients' operands
+along each expert's tokens) with the same rules (ffi/cuda/device/fp8_format.cuh).
+
+Prepared weights (:func:`jax_mok.fp8_weights`, an ``Fp8Weights`` of QuantizedWeights) replace
+the weight quantization of a call: the call reads their layouts, and its gradients with respect
+to the array weights are those of the plain call (the array weights are the differentiated
+inputs; the prepared ones are not).
 
 Residuals: with ``save`` the forward also writes h [T*k, 2F] in x's dtype and the backward skips
 its gate/up GEMM; without it the backward recomputes h (the same bits).
@@ -19,34 +26,32 @@ import functools
 import warnings
 
 import jax
-import jax.numpy as jnp
 
 from jax_mok.kernels import _ffi, targets
 from jax_mok.kernels.autodiff import check_implementation, resolve_save_activations
-from jax_mok.quantization import blocks, layer
+from jax_mok.quantization import layer
 from jax_mok.quantization.blocks import QuantizedWeight
 
 _warned: set[str] = set()
 
 
-def weight_k_major(w: jax.Array, reduce_axis: int, recipe: str) -> tuple[jax.Array, jax.Array]:
-    """Expert weights ``w [E, A, B]`` quantized along ``reduce_axis`` (1 or 2), laid out with
-    that axis last: values ``[E, N, K]``, scales ``[E, N, K/32]`` (mxfp8) or ``[E, N/128, K/128]``
-    (fp8_block: 128 x 128 tiles, the same whichever axis is reduced)."""
-    if recipe == "mxfp8":
-        values, scales = blocks.quantize_mxfp8(w, axis=reduce_axis)
-    else:
-        values, scales = blocks.quantize_fp8_block(w, block=(128, 128))
-    if reduce_axis == 1:
-        values, scales = jnp.swapaxes(values, 1, 2), jnp.swapaxes(scales, 1, 2)
-    return values, scales
-
-
 def _forward_weights(w_gate_up, w_down, recipe: str):
-    """w_gate_up along H -> [E, 2F, H], w_down along F -> [E, H, F]; QuantizedWeights (which
-    store exactly this layout) as they are."""
+    """w_gate_up along H -> [E, 2F, H], w_down along F -> [E, H, F] (``mok_quantize_weight``);
+    QuantizedWeights (which store exactly this layout) as they are."""
     return tuple((w.values, w.scales) if isinstance(w, QuantizedWeight)
-                 else weight_k_major(w, 1, recipe) for w in (w_gate_up, w_down))
+                 else targets.quantize_weight(w, recipe, 1) for w in (w_gate_up, w_down))
+
+
+def _pair(w: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
+    return w.values, w.scales
+
+
+def _check_trainable(w_gate_up, w_down):
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if isinstance(w, QuantizedWeight):
+            raise TypeError(
+                f"jax_mok: {name} is pre-quantized (jax_mok.quantize_params), which serves "
+                "inference only; differentiate with the unquantized MoEParams instead")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
@@ -57,38 +62,81 @@ def routed_experts_fp8_cuda(x2d: jax.Array, topk_ids: jax.Array, topk_weights: j
     (arrays in x's dtype, or QuantizedWeights for inference)."""
     del save  # only a differentiated forward keeps h
     wgu, wd = _forward_weights(w_gate_up, w_down, recipe)
-    y, _ = targets.fp8_forward(blocks.quantize(x2d, recipe), topk_ids, topk_weights, wgu, wd,
-                               recipe, x2d.dtype, False)
+    y, _ = targets.fp8_forward(targets.quantize_rows(x2d, recipe), topk_ids, topk_weights, wgu,
+                               wd, recipe, x2d.dtype, False)
     return y
 
 
 def _cuda_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, save):
-    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-        if isinstance(w, QuantizedWeight):
-            raise TypeError(
-                f"jax_mok: {name} is pre-quantized (jax_mok.quantize_params), which serves "
-                "inference only; differentiate with the unquantized MoEParams instead")
-    x_q = blocks.quantize(x2d, recipe)
-    wgu, wd = _forward_weights(w_gate_up, w_down, recipe)
+    _check_trainable(w_gate_up, w_down)
+    x_q = targets.quantize_rows(x2d, recipe)
+    # One pass per weight writes the forward's layout and the backward's, kept as residuals:
+    # 2 bytes per weight less traffic than quantizing again in the backward.
+    wgu, wgu_t = targets.quantize_weight_both(w_gate_up, recipe)  # [E,2F,H] / [E,H,2F]
+    wd, wd_t = targets.quantize_weight_both(w_down, recipe)  # [E,H,F] / [E,F,H]
     y, h = targets.fp8_forward(x_q, topk_ids, topk_weights, wgu, wd, recipe, x2d.dtype, save)
-    return y, (x2d, x_q, topk_ids, topk_weights, w_gate_up, w_down, wgu, h)
+    return y, (x2d, x_q, topk_ids, topk_weights, wgu, wd_t, wgu_t, h)
+
+
+def _backward(recipe, residuals, dy):
+    x2d, x_q, topk_ids, topk_weights, wgu, wd_t, wgu_t, h = residuals
+    dy = dy.astype(x2d.dtype)
+    dx, d_w, d_gu, d_dn = targets.fp8_backward(
+        dy, targets.quantize_rows(dy, recipe), x2d, x_q, topk_ids, topk_weights, wgu, wd_t,
+        wgu_t, h, recipe)
+    return dx, d_w, d_gu, d_dn
 
 
 def _cuda_bwd(recipe, save, residuals, dy):
     del save
-    x2d, x_q, topk_ids, topk_weights, w_gate_up, w_down, wgu_fwd, h = residuals
-    dy = dy.astype(x2d.dtype)
-    dx, d_w, d_gu, d_dn = targets.fp8_backward(
-        dy, blocks.quantize(dy, recipe), x2d, x_q, topk_ids, topk_weights, wgu_fwd,
-        weight_k_major(w_down, 2, recipe), weight_k_major(w_gate_up, 2, recipe), h, recipe)
-    return dx, None, d_w, d_gu.astype(w_gate_up.dtype), d_dn.astype(w_down.dtype)
+    dx, d_w, d_gu, d_dn = _backward(recipe, residuals, dy)
+    return dx, None, d_w, d_gu, d_dn
 
 
 routed_experts_fp8_cuda.defvjp(_cuda_fwd, _cuda_bwd)
 
 
-def cuda_limits(hidden: int, ffn: int) -> str | None:
-    """None when the CUDA FP8 kernels run a layer of this width on this GPU, else why not."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def routed_experts_fp8_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared,
+                                     recipe: str, save: bool) -> jax.Array:
+    """:func:`routed_experts_fp8_cuda` reading ``prepared`` (an ``Fp8Weights``) instead of
+    quantizing ``w_gate_up`` / ``w_down``, which are only the differentiated inputs: their
+    cotangents are the layer's weight gradients; ``prepared`` gets none."""
+    del w_gate_up, w_down, save
+    y, _ = targets.fp8_forward(targets.quantize_rows(x2d, recipe), topk_ids, topk_weights,
+                               _pair(prepared.gate_up), _pair(prepared.down), recipe, x2d.dtype,
+                               False)
+    return y
+
+
+def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe, save):
+    del w_gate_up, w_down
+    if not prepared.backward:
+        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
+                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
+    x_q = targets.quantize_rows(x2d, recipe)
+    wgu = _pair(prepared.gate_up)
+    y, h = targets.fp8_forward(x_q, topk_ids, topk_weights, wgu, _pair(prepared.down), recipe,
+                               x2d.dtype, save)
+    return y, (x2d, x_q, topk_ids, topk_weights, wgu, _pair(prepared.down_t),
+               _pair(prepared.gate_up_t), h)
+
+
+def _prepared_bwd(recipe, save, residuals, dy):
+    del save
+    dx, d_w, d_gu, d_dn = _backward(recipe, residuals, dy)
+    return dx, None, d_w, d_gu, d_dn, None
+
+
+routed_experts_fp8_prepared_cuda.defvjp(_prepared_fwd, _prepared_bwd)
+
+
+# Experts per call of the FP8 kernels (ffi/cuda/phases/fp8.h: kFp8MaxExperts).
+MAX_EXPERTS = 1024
+
+
+def cuda_limits(hidden: int, ffn: int, experts: int = 1) -> str | None:
+    """None when the CUDA FP8 kernels run a layer of this size on this GPU, else why not."""
     if not _ffi.kernels_built("cuda"):
         return "the CUDA extension is not built"
     if (device := _ffi.cuda_device_limits()) is not None:
@@ -96,31 +144,38 @@ def cuda_limits(hidden: int, ffn: int) -> str | None:
     if hidden % 128 or ffn % 128:
         return (f"the FP8 kernels need hidden_size and ffn_size multiples of 128, got {hidden}, "
                 f"{ffn}")
+    if experts > MAX_EXPERTS:
+        return f"the FP8 kernels take at most {MAX_EXPERTS} experts per call, got {experts}"
     return None
 
 
 def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, w_gate_up,
                        w_down, recipe: str, *, implementation: str = "ffi",
-                       save_activations: bool | None = None) -> jax.Array:
+                       save_activations: bool | None = None, prepared=None) -> jax.Array:
     """The FP8 routed experts: the CUDA kernels for ``implementation="cuda"``, or ``"ffi"`` with
     a GPU default backend, where :func:`cuda_limits` allows (a one-time warning says why not,
     and the pure-JAX layer runs); :func:`jax_mok.quantization.layer.routed_experts_fp8` everywhere
-    else."""
+    else. ``prepared``: the expert weights' FP8 layouts (``jax_mok.fp8_weights``), read instead
+    of quantizing ``w_gate_up`` / ``w_down``."""
     check_implementation(implementation)
     on_gpu = implementation == "cuda" or (
         implementation == "ffi" and jax.default_backend() == "gpu")
     if on_gpu:
-        reason = cuda_limits(x2d.shape[-1], w_down.shape[-2])
+        reason = cuda_limits(x2d.shape[-1], w_down.shape[-2], w_down.shape[0])
         if reason is None:
             save = resolve_save_activations(implementation, save_activations)
+            if prepared is not None:
+                return routed_experts_fp8_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up,
+                                                        w_down, prepared, recipe, save)
             return routed_experts_fp8_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down,
                                            recipe, save)
         if reason not in _warned:
             _warned.add(reason)
             warnings.warn(f"jax_mok: quantization={recipe!r} runs the pure-JAX FP8 layer because "
                           f"{reason}", stacklevel=3)
-    return layer.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
+    return layer.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe,
+                                    prepared=prepared)
 
 
-__all__ = ["cuda_limits", "routed_experts_fp8", "routed_experts_fp8_cuda",
-           "weight_k_major"]
+__all__ = ["MAX_EXPERTS", "cuda_limits", "routed_experts_fp8", "routed_experts_fp8_cuda",
+           "routed_experts_fp8_prepared_cuda"]

@@ -170,7 +170,8 @@ def forward_phases(x2d, topk_ids, topk_weights, w_gate_up_q, w_down_q, recipe: s
     return dict(x_rows=x_rows, h=h, a=a, a_q=a_q, out=out, y=y)
 
 
-def backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe: str) -> dict:
+def backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe: str,
+                    prepared=None) -> dict:
     """The backward with its operands (names as in the module docstring; ``*_q`` are dequantized
     GEMM operands, ``*_t`` token-quantized ones). Returns also ``dx``, ``d_topk_weights``,
     ``d_w_gate_up``, ``d_w_down``."""
@@ -178,10 +179,13 @@ def backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe: 
     tokens, k = topk_ids.shape
     E, F = w_down.shape[0], w_down.shape[1]
     d = dispatch(topk_ids, E)
-    w_gate_up_h = weight_operand(w_gate_up, recipe, 1)
-    w_down_h = weight_operand(w_down, recipe, 2)
+    # The weights' operands: quantized here, or the layouts ``prepared`` (an Fp8Weights) holds.
+    gu_h, dn_h, gu_2f = ((w_gate_up, w_down, w_gate_up) if prepared is None else
+                         (prepared.gate_up, prepared.down_t, prepared.gate_up_t))
+    w_gate_up_h = weight_operand(gu_h, recipe, 1)
+    w_down_h = weight_operand(dn_h, recipe, 2)
     # fp8_block quantizes both orientations with the same 128 x 128 tiles.
-    w_gate_up_2f = w_gate_up_h if recipe == "fp8_block" else weight_operand(w_gate_up, recipe, 2)
+    w_gate_up_2f = w_gate_up_h if recipe == "fp8_block" else weight_operand(gu_2f, recipe, 2)
     x_rows = activation_operand(x2d, recipe)[d.token]
     h = grouped_matmul(x_rows, w_gate_up_h, d.group_sizes)
     h = fmt.to_float32(h.astype(dtype))  # the forward's h as the kernels keep it
@@ -289,6 +293,33 @@ def _experts_bwd(recipe, residuals, dy):
 
 _experts.defvjp(_experts_fwd, _experts_bwd)
 
+# Prepared weights (jax_mok.fp8_weights): the array weights are the differentiated inputs, the
+# prepared layouts replace their quantization and get no cotangent.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe):
+    del w_gate_up, w_down
+    return _forward_call(recipe)(x2d, topk_ids, topk_weights,
+                                 weight_operand(prepared.gate_up, recipe, 1),
+                                 weight_operand(prepared.down, recipe, 1))
+
+
+def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe):
+    if not prepared.backward:
+        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
+                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
+    y = _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe)
+    return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared)
+
+
+def _prepared_bwd(recipe, residuals, dy):
+    x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared = residuals
+    p = backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, prepared)
+    return (p["dx"], None, p["d_topk_weights"].astype(topk_weights.dtype), p["d_w_gate_up"],
+            p["d_w_down"], None)
+
+
+_experts_prepared.defvjp(_prepared_fwd, _prepared_bwd)
+
 _PREQUANTIZED_GRAD = (
     "jax_mok: cannot differentiate the FP8 layer with pre-quantized expert weights "
     "(QuantizedWeight, from quantize_params): they hold the forward layout only, and the "
@@ -315,7 +346,7 @@ _experts_prequantized.defvjp(_prequantized_fwd, _prequantized_bwd)
 
 
 def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, w_gate_up,
-                       w_down, recipe: str) -> jax.Array:
+                       w_down, recipe: str, prepared=None) -> jax.Array:
     """The routed experts of the FP8 layer (module docstring): ``y [T, H]`` in x's dtype.
 
     Args:
@@ -324,6 +355,8 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
       w_gate_up: ``[E, H, 2F]`` array or a :class:`QuantizedWeight` along H (forward only).
       w_down: ``[E, F, H]`` array or a :class:`QuantizedWeight` along F (forward only).
       recipe: ``"mxfp8"`` or ``"fp8_block"``.
+      prepared: an ``Fp8Weights`` of the same (array) weights (``jax_mok.fp8_weights``): its
+        layouts are read instead of quantizing the weights; values and gradients are the same.
 
     This is the pure-JAX layer (the CPU path and the oracle);
     :func:`jax_mok.quantization.cuda.routed_experts_fp8` routes a call to the CUDA kernels where
@@ -342,6 +375,10 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
     if H != hidden or two_f % 2 or tuple(w_down.shape) != (E, two_f // 2, hidden):
         raise ValueError(f"expected w_gate_up [E, H={hidden}, 2F] and w_down [E, F, H], got "
                          f"{tuple(w_gate_up.shape)} and {tuple(w_down.shape)}")
+    if prepared is not None:
+        if isinstance(w_gate_up, QuantizedWeight):
+            raise TypeError("fp8_weights need array expert weights in params, not QuantizedWeights")
+        return _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe)
     if isinstance(w_gate_up, QuantizedWeight):
         return _experts_prequantized(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
     return _experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)

@@ -1,0 +1,213 @@
+"""``jax_mok.fp8_weights``: the expert weights' FP8 layouts made once, read by ``jax_mok.moe(...,
+fp8_weights=w)`` instead of quantizing in every call.
+
+- values and every gradient (which still reach ``params``) equal the plain call's, bit for bit,
+  for both recipes, float32 / bfloat16 activations and float32 master weights;
+- the differentiated step with prepared weights quantizes no weight-sized tensor (its jaxpr holds
+  no FP8 array of a weight's size; the plain step's does), and on CUDA it lowers to no weight
+  quantizer call (checked from the lowered program where the CUDA extension is built);
+- a micro-batch ``lax.scan`` with one ``fp8_weights`` per step equals summing the plain calls'
+  gradients;
+- the errors name the problem.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mok
+from jax_mok import testing
+
+E, K, H, F, T = 4, 2, 256, 128, 64  # H, F multiples of 128: the CUDA kernels' sizes too
+
+
+def _config(recipe, **extra):
+    return jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
+                             quantization=recipe, **extra)
+
+
+def _step(config, dtype, param_dtype=jnp.float32, prepared: bool = True):
+    params = testing.random_params(jax.random.key(0), config, param_dtype)
+    x = jax.random.normal(jax.random.key(1), (2, T // 2, H)).astype(dtype)
+    probe = jax.random.normal(jax.random.key(2), x.shape)
+
+    def loss(x, params, w):
+        y = jax_mok.moe(x, params, fp8_weights=w)
+        return jnp.sum(y.astype(jnp.float32) * probe), y
+
+    grad = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    w = jax_mok.fp8_weights(params, dtype=dtype) if prepared else None
+    (_, y), g = jax.jit(grad)(x, params, w)
+    return params, x, w, y, g
+
+
+@pytest.mark.parametrize("recipe", jax_mok.quantization.RECIPES)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_values_and_gradients_equal_the_plain_call(recipe, dtype):
+    config = _config(recipe, num_shared_experts=1)
+    *_, y0, g0 = _step(config, dtype, prepared=False)
+    _, _, w, y1, g1 = _step(config, dtype)
+    assert w.backward and w.recipe == recipe and w.dtype == jnp.dtype(dtype).name
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
+                            strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape, jax.tree_util.keystr(path)
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a),
+                                      err_msg=jax.tree_util.keystr(path))
+    # The gradient reaches the master weights (nonzero, float32 like them).
+    assert g1[1].w_gate_up.dtype == jnp.float32 and float(jnp.abs(g1[1].w_gate_up).max()) > 0
+
+
+def test_layouts_are_the_quantizers_bits():
+    config = _config("mxfp8")
+    params = testing.random_params(jax.random.key(3), config, jnp.bfloat16)
+    w = jax_mok.fp8_weights(params)
+    want = {
+        "gate_up": (params.w_gate_up, 1), "gate_up_t": (params.w_gate_up, 2),
+        "down": (params.w_down, 1), "down_t": (params.w_down, 2),
+    }
+    for name, (array, axis) in want.items():
+        got = getattr(w, name)
+        ref = jax_mok.QuantizedWeight.quantize(array, "mxfp8", axis)
+        assert got.reduction_axis == axis
+        for a, b in ((got.values, ref.values), (got.scales, ref.scales)):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint8),
+                                          np.asarray(b).view(np.uint8), err_msg=name)
+    fwd_only = jax_mok.fp8_weights(params, backward=False)
+    assert not fwd_only.backward and fwd_only.gate_up_t is None
+    assert fwd_only.nbytes() * 2 == w.nbytes()
+
+
+def _weight_sized_fp8(jaxpr, sizes) -> int:
+    """Conversions to float8 (quantization; the dequantizers only reshape FP8 arrays) at any
+    depth whose output has one of ``sizes`` elements."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        for value in eqn.params.values():  # nested jaxprs: pjit, custom_vjp, scan, ...
+            values = value if isinstance(value, tuple | list) else (value,)
+            for v in values:
+                inner = getattr(v, "jaxpr", v)
+                if hasattr(inner, "eqns"):
+                    count += _weight_sized_fp8(inner, sizes)
+        if eqn.primitive.name != "convert_element_type":
+            continue
+        for v in eqn.outvars:
+            aval = v.aval
+            if aval.dtype == jnp.float8_e4m3fn and int(np.prod(aval.shape)) in sizes:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("recipe", jax_mok.quantization.RECIPES)
+def test_prepared_step_quantizes_no_weight(recipe):
+    config = _config(recipe)
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    x = jax.random.normal(jax.random.key(1), (T, H)).astype(jnp.bfloat16)
+    w = jax_mok.fp8_weights(params, dtype=jnp.bfloat16)
+    sizes = {E * H * 2 * F, E * F * H}
+
+    def loss(params, w):
+        return jnp.sum(jax_mok.moe(x, params, fp8_weights=w).astype(jnp.float32) ** 2)
+
+    prepared = jax.make_jaxpr(jax.grad(loss))(params, w).jaxpr
+    plain = jax.make_jaxpr(jax.grad(lambda p: loss(p, None)))(params).jaxpr
+    assert _weight_sized_fp8(plain, sizes) > 0  # the check sees the plain step's quantization
+    assert _weight_sized_fp8(prepared, sizes) == 0
+
+
+def test_cuda_lowering_calls_no_weight_quantizer():
+    """Where the CUDA extension is built (CI builds it), lower the differentiated step for the
+    CUDA platform: the prepared step calls the FP8 kernels and no ``mok_quantize_weight*``."""
+    from jax_mok.kernels import _ffi
+
+    if not _ffi.kernels_built("cuda"):
+        pytest.skip("jax_mok._mok_cuda is not built")
+    config = _config("fp8_block")
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    x = jnp.ones((T, H), jnp.bfloat16)
+    w = jax_mok.fp8_weights(params, dtype=jnp.bfloat16, implementation="reference")
+
+    def loss(params, w):
+        y = jax_mok.moe(x, params, fp8_weights=w, implementation="cuda")
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    def lowered(fn, *args):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    prepared = lowered(jax.grad(loss), params, w)
+    plain = lowered(jax.grad(lambda p: loss(p, None)), params)
+    assert "mok_moe_bwd" in prepared and "mok_quantize" in prepared  # x and dy rows only
+    assert "mok_quantize_weight" not in prepared
+    assert "mok_quantize_weight_both" in plain
+
+
+def test_microbatch_scan_equals_summed_plain_gradients():
+    config = _config("fp8_block")
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    xs = jax.random.normal(jax.random.key(1), (3, T, H)).astype(jnp.bfloat16)
+
+    def loss(params, x, w=None):
+        return jnp.sum(jax_mok.moe(x, params, fp8_weights=w).astype(jnp.float32) ** 2)
+
+    @jax.jit
+    def accumulated(params, xs):
+        w = jax_mok.fp8_weights(params, dtype=jnp.bfloat16)  # once per optimizer step
+
+        def micro(acc, x):
+            g = jax.grad(loss)(params, x, w)
+            return jax.tree.map(jnp.add, acc, g), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return jax.lax.scan(micro, zeros, xs)[0]
+
+    got = accumulated(params, xs)
+    want = jax.tree.map(jnp.zeros_like, params)
+    for i in range(xs.shape[0]):
+        want = jax.tree.map(jnp.add, want, jax.jit(jax.grad(loss))(params, xs[i]))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_quantized_inside_the_loss_gives_the_same_gradients():
+    """fp8_weights made inside the differentiated function: stop_gradient keeps it out of the
+    gradient, which reaches params through the layer only."""
+    config = _config("mxfp8")
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    x = jax.random.normal(jax.random.key(1), (T, H))
+
+    def inside(params):
+        w = jax_mok.fp8_weights(params)
+        return jnp.sum(jax_mok.moe(x, params, fp8_weights=w) ** 2)
+
+    def plain(params):
+        return jnp.sum(jax_mok.moe(x, params) ** 2)
+
+    for a, b in zip(jax.tree.leaves(jax.jit(jax.grad(inside))(params)),
+                    jax.tree.leaves(jax.jit(jax.grad(plain))(params)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_errors_name_the_problem():
+    config = _config("fp8_block")
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    x = jnp.ones((T, H), jnp.bfloat16)
+    with pytest.raises(ValueError, match="quantization is None"):
+        jax_mok.fp8_weights(testing.random_params(jax.random.key(0), _config(None)))
+    with pytest.raises(ValueError, match="dtype=jnp.bfloat16"):
+        jax_mok.moe(x, params, fp8_weights=jax_mok.fp8_weights(params))  # float32 layouts
+    mx = jax_mok.fp8_weights(testing.random_params(jax.random.key(0), _config("mxfp8")),
+                             dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="recipe 'mxfp8'"):
+        jax_mok.moe(x, params, fp8_weights=mx)
+    with pytest.raises(TypeError, match="result of jax_mok.fp8_weights"):
+        jax_mok.moe(x, params, fp8_weights=params.w_gate_up)
+    with pytest.raises(TypeError, match="already quantized"):
+        jax_mok.fp8_weights(jax_mok.quantize_params(params, "fp8_block"))
+    fwd_only = jax_mok.fp8_weights(params, dtype=jnp.bfloat16, backward=False)
+    jax.block_until_ready(jax_mok.moe(x, params, fp8_weights=fwd_only))  # inference is fine
+    with pytest.raises(TypeError, match="backward=False"):
+        jax.grad(lambda p: jnp.sum(jax_mok.moe(x, p, fp8_weights=fwd_only).astype(
+            jnp.float32)))(params)
