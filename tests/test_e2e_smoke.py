@@ -23,6 +23,9 @@ def _run(tmp_path, *extra):
 
 def _check(result, tmp_path):
     for name, record in result["variants"].items():
+        if record["status"] == "skipped":  # a variant this jax_mok cannot run, with the reason
+            assert "not available in this jax_mok" in record["error"], (name, record)
+            continue
         assert record["status"] == "ok", (name, record)
         assert record["tokens_per_s"] > 0 and 0 < record["mfu"] < 1, (name, record)
         assert all(loss == loss for loss in record["losses"]), name  # no NaN
@@ -38,14 +41,102 @@ def test_e2e_tiny_jax_mok(tmp_path):
     assert "| jax_mok | 2 |" in (tmp_path / "e2e.md").read_text()
 
 
+def test_e2e_tiny_fp8_block_mfu_counts_bf16_flops(tmp_path):
+    """The FP8 variant trains one tiny step (the pure-JAX FP8 layer on the CPU) and its MFU is
+    the BF16 model's FLOPs over the BF16 matmul ceiling, like every variant's."""
+    from benchmarks.e2e import model as m
+
+    result = _run(tmp_path, "--variants", "jax_mok_fp8_block")
+    _check(result, tmp_path)
+    record = result["variants"]["jax_mok_fp8_block"]
+    assert record["quantization"] == "fp8_block" and not record["fp8_weights_per_step"]
+    assert record["fp8_path"].startswith("pure-jax")
+    assert result["config"]["quantization"] is None  # the run's model: the BF16 one
+    bf16_flops = m.ModelConfig(**result["config"]).flops_per_token()["train"]
+    assert record["flops_per_token"] == result["flops_per_token"] == bf16_flops
+    assert record["mfu"] == pytest.approx(
+        record["tokens_per_s"] * bf16_flops / (result["ceiling_tflops"] * 1e12))
+    assert record["final_loss"] == record["losses"][-1]
+    text = (tmp_path / "e2e.md").read_text()
+    assert "| jax_mok_fp8_block | 2 |" in text
+    assert "FP8 GEMMs are counted as BF16 FLOPs" in text
+
+
+def test_e2e_prepared_variant_needs_fp8_weights(tmp_path, monkeypatch):
+    """Without jax_mok.fp8_weights the prepared variant is skipped with its reason (nothing
+    compiled), and preparing the weights raises it."""
+    import jax_mok
+    from benchmarks.e2e import model as m
+    from benchmarks.e2e import run
+
+    monkeypatch.delattr(jax_mok, "fp8_weights", raising=False)
+    calls = []
+
+    def fake_run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
+        calls.append(variant)
+        return {"variant": variant, "status": "ok", "batch": batch, "step_ms_median": 1.0,
+                "tokens_per_s": 1e3, "mfu": 0.1, "losses": [5.0]}
+
+    monkeypatch.setattr(run, "run_variant", fake_run_variant)
+    result = run.main(["--tiny", "--layers", "1", "--variants",
+                       "jax_mok,jax_mok_fp8_block_prepared", "--out", str(tmp_path)])
+    assert calls == ["jax_mok"]
+    record = result["variants"]["jax_mok_fp8_block_prepared"]
+    assert record["status"] == "skipped"
+    assert "not available in this jax_mok" in record["error"]
+    assert "| jax_mok_fp8_block_prepared | 8 | - |" in (tmp_path / "e2e.md").read_text()
+    with pytest.raises(NotImplementedError, match="not available in this jax_mok"):
+        m.prepare_fp8_weights(None)
+
+
+@pytest.mark.slow
+def test_e2e_prepared_variant_passes_fp8_weights(tmp_path, monkeypatch):
+    """With a stand-in jax_mok.fp8_weights (and a jax_mok.moe taking fp8_weights=), the
+    prepared variant computes the weights once per step for every layer and hands each layer
+    its own to jax_mok.moe."""
+    import jax_mok
+
+    real_moe = jax_mok.moe
+    prepared, received = [], []
+
+    def fake_fp8_weights(params):
+        prepared.append(params.w_gate_up.shape)  # per layer: the step vmaps over the layers
+        return {"w_gate_up": params.w_gate_up.astype("bfloat16"),
+                "w_down": params.w_down.astype("bfloat16")}
+
+    def fake_moe(x, params, *, fp8_weights=None, **kwargs):
+        received.append(None if fp8_weights is None else fp8_weights["w_gate_up"].shape)
+        return real_moe(x, params, **kwargs)
+
+    monkeypatch.setattr(jax_mok, "fp8_weights", fake_fp8_weights, raising=False)
+    monkeypatch.setattr(jax_mok, "moe", fake_moe)
+    result = _run(tmp_path, "--variants", "jax_mok_fp8_block_prepared")
+    _check(result, tmp_path)
+    record = result["variants"]["jax_mok_fp8_block_prepared"]
+    assert record["quantization"] == "fp8_block" and record["fp8_weights_per_step"]
+    E, H, F = (result["config"][k] for k in ("experts", "hidden", "ffn"))
+    assert prepared == [(E, H, 2 * F)]  # traced once: one call per step, vmapped over layers
+    assert received and set(received) == {(E, H, 2 * F)}
+
+
 @pytest.mark.slow
 def test_e2e_tiny_all_variants(tmp_path):
+    import jax_mok
+
     result = _run(tmp_path)
-    assert list(result["variants"]) == ["jax_mok", "padded", "reference"]
+    assert list(result["variants"]) == ["jax_mok", "jax_mok_fp8_block", "jax_mok_mxfp8",
+                                        "jax_mok_fp8_block_prepared", "padded", "reference"]
     _check(result, tmp_path)
-    # One seed, one model: the first loss agrees across variants (bf16 layers: 1e-2).
-    first = [r["losses"][0] for r in result["variants"].values()]
+    prepared = result["variants"]["jax_mok_fp8_block_prepared"]["status"]
+    assert prepared == ("ok" if hasattr(jax_mok, "fp8_weights") else "skipped")
+    ran = {n: r for n, r in result["variants"].items() if r["status"] == "ok"}
+    # One seed, one model: the first loss agrees across variants (bf16 layers: 1e-2; the FP8
+    # layers' expert outputs differ by a few %, inside the same bound on the loss).
+    first = [r["losses"][0] for r in ran.values()]
     assert max(first) - min(first) < 1e-2 * abs(first[0])
+    for name in ("jax_mok_fp8_block", "jax_mok_mxfp8"):
+        assert ran[name]["tokens_per_s_vs_jax_mok"] == pytest.approx(
+            ran[name]["tokens_per_s"] / ran["jax_mok"]["tokens_per_s"])
     assert result["variants"]["padded"]["capacity"] >= 8
     assert result["variants"]["padded"]["dropped_fraction"] == 0.0
     assert "speed-up" in (tmp_path / "e2e.md").read_text()
@@ -94,7 +185,7 @@ def test_e2e_out_of_memory_retry_and_cudnn_fallback(tmp_path, monkeypatch):
     assert calls[2] == ("reference", 4, None) and len(calls) == 3
     assert result["variants"]["reference"]["status"] == "oom"
     assert result["variants"]["reference"]["oom_batches"] == [8]
-    assert "| reference | 4 | - | - | - | - | oom: RESOURCE_EXHAUSTED" in (
+    assert "| reference | 4 | - | - | - | - | - | - | oom: RESOURCE_EXHAUSTED" in (
         tmp_path / "e2e.md").read_text()
 
     calls.clear()

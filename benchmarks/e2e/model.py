@@ -5,9 +5,15 @@ Pre-norm blocks ``h += attn(rms(h)); h += moe(rms(h))``, stacked with ``nnx.vmap
 (``nnx.Linear``) around ``jax.nn.dot_product_attention(is_causal=True)`` (cuDNN flash attention on
 the GPU; ``flax.nnx.MultiHeadAttention`` has no GQA and materialises the ``S x S`` scores, 8.6 GB
 per layer at 8 x 4096 tokens and 32 heads); no rotary embedding (it costs no matmul FLOPs). The MoE
-is :class:`jax_mok.nnx.MoE` in every variant, only its ``moe_fn`` differs, so all variants train
-the same parameters. Precision: float32 master weights (``param_dtype``), bfloat16 activations
-and GEMM operands (``dtype``), float32 router, softmax and loss.
+is :class:`jax_mok.nnx.MoE` in every variant, only its ``moe_fn`` and its config's
+``quantization`` differ, so all variants train the same parameters. Precision: float32 master
+weights (``param_dtype``), bfloat16 activations and GEMM operands (``dtype``), float32 router,
+softmax and loss; the FP8 variants' routed-expert GEMMs read E4M3 operands
+(``MoEConfig(quantization=...)``, :mod:`jax_mok.fp8`), everything else as in ``jax_mok``.
+
+Every block's MoE goes through :func:`moe_forward`. The ``_prepared`` variant gives it FP8 expert
+weights prepared once per optimizer step (:func:`prepare_fp8_weights`, from the step's current
+parameters, before the gradient); it needs ``jax_mok.fp8_weights`` (:func:`unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -23,9 +29,22 @@ import jax_mok
 import jax_mok.nnx
 from jax_mok import reference, routing
 
-VARIANTS = ("jax_mok", "reference", "padded")
+VARIANTS = ("jax_mok", "jax_mok_fp8_block", "jax_mok_mxfp8", "jax_mok_fp8_block_prepared",
+            "reference", "padded")
+# MoEConfig.quantization of each FP8 variant (the others: None, the BF16 layer).
+QUANTIZATION = {"jax_mok_fp8_block": "fp8_block", "jax_mok_mxfp8": "mxfp8",
+                "jax_mok_fp8_block_prepared": "fp8_block"}
+# Variants whose expert weights are quantized once per optimizer step (jax_mok.fp8_weights).
+PREPARED = frozenset({"jax_mok_fp8_block_prepared"})
 VARIANT_TEXT = {
     "jax_mok": "jax_mok.moe (default implementation: the kernels where built)",
+    "jax_mok_fp8_block": "jax_mok.moe with MoEConfig(quantization='fp8_block'): E4M3, 1 x 128 "
+                         "activation / 128 x 128 weight float32 scales (DeepSeek-V3)",
+    "jax_mok_mxfp8": "jax_mok.moe with MoEConfig(quantization='mxfp8'): E4M3, E8M0 scale per 32 "
+                     "elements (OCP MX)",
+    "jax_mok_fp8_block_prepared": "jax_mok_fp8_block with the expert weights quantized once per "
+                                  "optimizer step (jax_mok.fp8_weights, passed as "
+                                  "jax_mok.moe(..., fp8_weights=w))",
     "reference": "jax_mok.moe(implementation='reference'): sort + lax.ragged_dot, pure XLA",
     "padded": "padded batched einsum (benchmarks B2: reference.routed_experts_padded)",
 }
@@ -47,13 +66,18 @@ class ModelConfig:
     vocab: int = 8192
     seq: int = 4096
     aux_loss_weight: float = 1e-3  # Qwen3-MoE's router_aux_loss_coef
+    quantization: str | None = None  # the MoE's MoEConfig.quantization (None: BF16 GEMMs)
 
     def moe_config(self) -> jax_mok.MoEConfig:
         return jax_mok.MoEConfig(num_experts=self.experts, top_k=self.top_k,
-                                 hidden_size=self.hidden, ffn_size=self.ffn, norm_topk_prob=True)
+                                 hidden_size=self.hidden, ffn_size=self.ffn, norm_topk_prob=True,
+                                 quantization=self.quantization)
 
     def flops_per_token(self) -> dict:
         """Model FLOPs per token of one training step (forward + backward = 3 x forward).
+
+        The same count whatever ``quantization``: FP8 GEMMs count as their BF16 FLOPs (MFU is
+        taken against the BF16 matmul ceiling for every variant).
 
         Per layer, forward: attention projections ``2 H (Nq D + 2 Nkv D) + 2 Nq D H``; causal
         attention ``2 S Nq D`` (QK^T and PV, ``4 S Nq D``, halved by the causal mask); router
@@ -110,9 +134,25 @@ class PaddedMoE:
         return y, routing.aux_losses(r, routed_ids, config)
 
 
+def variant_config(variant: str, cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with the variant's MoE quantization (the model is otherwise the same)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return dataclasses.replace(cfg, quantization=QUANTIZATION.get(variant))
+
+
+def unavailable_reason(variant: str) -> str | None:
+    """Why this jax_mok cannot run ``variant`` (None: it can)."""
+    if variant in PREPARED and not hasattr(jax_mok, "fp8_weights"):
+        return ("not available in this jax_mok: it has no jax_mok.fp8_weights (FP8 expert "
+                "weights prepared once per optimizer step)")
+    return None
+
+
 def moe_fn_for(variant: str, mesh=None):
-    """The ``moe_fn`` of a variant (``mesh``: expert parallelism over its "expert" axis)."""
-    if variant == "jax_mok":
+    """The ``moe_fn`` of a variant (``mesh``: expert parallelism over its "expert" axis). The
+    FP8 variants take jax_mok's: their quantization is in the layer's config."""
+    if variant == "jax_mok" or variant in QUANTIZATION:
         return functools.partial(jax_mok.moe, mesh=mesh) if mesh is not None else None
     if variant == "reference":
         return functools.partial(jax_mok.moe, implementation="reference", mesh=mesh)
@@ -121,6 +161,28 @@ def moe_fn_for(variant: str, mesh=None):
             raise ValueError("the padded variant runs on one device only (no expert parallelism)")
         return PaddedMoE()
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def prepare_fp8_weights(model: MoETransformer):
+    """FP8 expert weights of every layer (leading axis: the layer, as the stacked blocks), from
+    the model's current parameters: ``jax_mok.fp8_weights`` of each layer's
+    :class:`jax_mok.MoEParams`. Called once per optimizer step, before the gradient (so it is
+    not differentiated; the layer's custom VJP gives the master weights their gradient), and
+    shared by every micro-batch of the step (today one)."""
+    if (reason := unavailable_reason("jax_mok_fp8_block_prepared")) is not None:
+        raise NotImplementedError(f"jax_mok_fp8_block_prepared: {reason}")
+    return jax.vmap(jax_mok.fp8_weights)(model.blocks.moe.to_params())
+
+
+def moe_forward(moe: jax_mok.nnx.MoE, x: jax.Array, fp8_weights=None):
+    """The MoE of a block: ``(y, aux)`` of ``x [B, S, H]``. ``fp8_weights``: this layer's FP8
+    expert weights prepared for the step (:func:`prepare_fp8_weights`), or None (the layer
+    quantizes its weights itself where its config says FP8)."""
+    if fp8_weights is None:
+        return moe(x, return_aux=True)
+    # jax_mok.nnx.MoE.__call__ has no fp8_weights argument: its call, with them
+    fn = moe.moe_fn if moe.moe_fn is not None else jax_mok.moe
+    return fn(x.astype(moe.dtype), moe.to_params(), return_aux=True, fp8_weights=fp8_weights)
 
 
 class Attention(nnx.Module):
@@ -155,14 +217,15 @@ class Block(nnx.Module):
         self.moe = jax_mok.nnx.MoE(cfg.moe_config(), dtype=jnp.bfloat16, param_dtype=jnp.float32,
                                    rngs=rngs, sow_aux=False, moe_fn=moe_fn)
 
-    def __call__(self, h: jax.Array):
+    def __call__(self, h: jax.Array, fp8_weights=None):
         h = h + self.attn(self.attn_norm(h))
-        y, aux = self.moe(self.moe_norm(h), return_aux=True)
+        y, aux = moe_forward(self.moe, self.moe_norm(h), fp8_weights)
         return h + y, aux
 
 
 class MoETransformer(nnx.Module):
-    """``tokens [B, S]`` int32 -> ``(logits [B, S, V] float32, aux stacked over layers)``."""
+    """``tokens [B, S]`` int32 -> ``(logits [B, S, V] float32, aux stacked over layers)``;
+    ``fp8_weights``: :func:`prepare_fp8_weights`' (scanned with the blocks) or None."""
 
     def __init__(self, cfg: ModelConfig, moe_fn, *, attention: str | None = None,
                  remat: bool = False, rngs: nnx.Rngs):
@@ -181,28 +244,28 @@ class MoETransformer(nnx.Module):
                                param_dtype=jnp.float32, rngs=rngs)
         self.remat = remat
 
-    def __call__(self, tokens: jax.Array):
-        def layer(block, h):
-            return block(h)
+    def __call__(self, tokens: jax.Array, fp8_weights=None):
+        def layer(block, h, w):
+            return block(h, w)
 
         if self.remat:
             layer = nnx.remat(layer)
 
-        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
-        def run(block, h):
-            return layer(block, h)
+        @nnx.scan(in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        def run(block, h, w):
+            return layer(block, h, w)
 
-        h, aux = run(self.blocks, self.embed(tokens))
+        h, aux = run(self.blocks, self.embed(tokens), fp8_weights)
         return self.head(self.norm(h)).astype(jnp.float32), aux
 
 
-def loss_fn(model: MoETransformer, tokens: jax.Array, aux_weight: float):
+def loss_fn(model: MoETransformer, tokens: jax.Array, aux_weight: float, fp8_weights=None):
     """Next-token cross entropy + ``aux_weight`` x the layers' summed load-balancing loss.
 
-    ``tokens [B, S + 1]``; returns ``(loss, metrics)`` with ``expert_counts [L, E]`` and
-    ``dropped [L]``.
+    ``tokens [B, S + 1]``; ``fp8_weights``: see :class:`MoETransformer`. Returns
+    ``(loss, metrics)`` with ``expert_counts [L, E]`` and ``dropped [L]``.
     """
-    logits, aux = model(tokens[:, :-1])
+    logits, aux = model(tokens[:, :-1], fp8_weights)
     logp = jax.nn.log_softmax(logits)
     ce = -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
     loss = ce + aux_weight * aux["load_balancing_loss"].sum()

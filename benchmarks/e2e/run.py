@@ -2,14 +2,26 @@
 
     python -m benchmarks.e2e.run                              # one H200: auto layers, 8 x 4096
     python -m benchmarks.e2e.run --layers 4 --variants jax_mok,padded
+    python -m benchmarks.e2e.run --variants jax_mok,jax_mok_fp8_block,jax_mok_mxfp8  # BF16 vs FP8
     python -m benchmarks.e2e.run --expert-parallel            # experts over every local device
-    python -m benchmarks.e2e.run --tiny --steps 2             # CPU smoke run
+    python -m benchmarks.e2e.run --tiny --steps 2             # CPU smoke run (seq 32)
+
+Variants (benchmarks/e2e/model.py, VARIANT_TEXT): ``jax_mok`` (jax_mok.moe, BF16 GEMMs),
+``jax_mok_fp8_block`` and ``jax_mok_mxfp8`` (the same layer with
+``MoEConfig(quantization="fp8_block" / "mxfp8")``, nothing else changed),
+``jax_mok_fp8_block_prepared`` (fp8_block with the expert weights quantized once per optimizer
+step by ``jax_mok.fp8_weights``, inside the step from its current parameters and before the
+gradient, so every micro-batch of the step (one today) shares them; skipped, with the reason
+logged and recorded, where jax_mok has no ``fp8_weights``), ``reference`` (pure XLA:
+``lax.ragged_dot``) and ``padded`` (batched einsum at a measured capacity, B2).
 
 Each variant builds the same model (same seed, same parameters), compiles one jitted training
 step (loss, gradients, optax.adamw update; the state donated), runs ``--warmup`` steps, then
 times ``--steps`` synchronized steps. A variant that runs out of device memory is retried at
-half the batch (``--oom-retries`` times) and the batch it ran at is reported. Writes e2e.json,
-e2e.md and e2e.png to ``--out`` (the JSON after every variant).
+half the batch (``--oom-retries`` times) and the batch it ran at is reported. MFU counts the
+same model FLOPs for every variant: an FP8 GEMM counts as its BF16 FLOPs, against the BF16
+matmul ceiling measured in the run. Writes e2e.json, e2e.md and e2e.png to ``--out`` (the JSON
+after every variant).
 """
 
 from __future__ import annotations
@@ -30,7 +42,14 @@ GIB = 2**30
 # count): jax_mok ~ x, q, k, v, attention out, norms (~27 KB) + routed rows and gate/up
 # activations (k (2F + F) bf16 ~ 37 KB) + slack; the padded form holds [E, C, .] buffers with
 # float32 gate/up (C E ~ 1.1 T k).
-ACTIVATION_BYTES = {"jax_mok": 80_000, "reference": 80_000, "padded": 200_000}
+# The FP8 variants also keep FP8 copies of the routed rows and, on CUDA, h [T k, 2F] in bf16; the
+# prepared one adds ~1 B per expert parameter (inside the 10 % margin, not counted).
+ACTIVATION_BYTES = {"jax_mok": 80_000, "jax_mok_fp8_block": 100_000, "jax_mok_mxfp8": 100_000,
+                    "jax_mok_fp8_block_prepared": 100_000, "reference": 80_000,
+                    "padded": 200_000}
+DEFAULT_VARIANTS = ("jax_mok,jax_mok_fp8_block,jax_mok_mxfp8,jax_mok_fp8_block_prepared,"
+                    "padded,reference")
+TINY_SEQ = 32
 
 
 def log(msg: str) -> None:
@@ -43,12 +62,14 @@ def parse_args(argv):
     p.add_argument("--layers", default="auto",
                    help="transformer blocks, or 'auto': as many as the memory estimate fits, "
                         "at most 8 (2 on a CPU)")
-    p.add_argument("--seq", type=int, default=4096, help="sequence length")
+    p.add_argument("--seq", type=int, default=None,
+                   help=f"sequence length (default 4096; {TINY_SEQ} with --tiny)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step per device")
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
-    p.add_argument("--variants", default="jax_mok,padded,reference",
-                   help="comma-separated, from: jax_mok, reference, padded")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS,
+                   help="comma-separated, from: jax_mok, jax_mok_fp8_block, jax_mok_mxfp8, "
+                        "jax_mok_fp8_block_prepared, reference, padded")
     p.add_argument("--expert-parallel", action="store_true",
                    help="mesh ('data', 'expert') = (1, all local devices): experts sharded, "
                         "batch per device (the padded variant is skipped)")
@@ -61,9 +82,13 @@ def parse_args(argv):
                         "reported")
     p.add_argument("--oom-retries", type=int, default=1, help="halvings of the batch on OOM")
     p.add_argument("--tiny", action="store_true",
-                   help="tiny dims for a CPU smoke run (H=64, F=32, E=8, k=2, 2 layers, seq 32)")
+                   help="tiny dims for a CPU smoke run (H=64, F=32, E=8, k=2, 2 layers, seq "
+                        f"{TINY_SEQ})")
     p.add_argument("--out", default="e2e-out", help="output directory")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.seq is None:
+        args.seq = TINY_SEQ if args.tiny else 4096
+    return args
 
 
 def _is_oom(err: Exception) -> bool:
@@ -113,14 +138,18 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     from benchmarks.timing import summarize, time_steps
     from jax_mok.optim import weight_decay_mask
 
-    record = {"variant": variant, "text": m.VARIANT_TEXT[variant], "batch": batch}
-    if variant == "jax_mok":
+    base_cfg, cfg = cfg, m.variant_config(variant, cfg)
+    prepared = variant in m.PREPARED
+    record = {"variant": variant, "text": m.VARIANT_TEXT[variant], "batch": batch,
+              "quantization": cfg.quantization, "fp8_weights_per_step": prepared}
+    if variant == "jax_mok" or cfg.quantization is not None:
         from jax_mok import api
 
         record["implementation"] = api.default_implementation(jnp.bfloat16, cfg.moe_config())
-        if record["implementation"] == "reference":
-            log("jax_mok: WARNING: the kernels are not built for this backend, so this variant "
-                "runs the reference path (build with nvcc on PATH: pip install -e .)")
+        if record["implementation"] == "reference" and cfg.quantization is None:
+            # (the FP8 variants' record["fp8_path"] says what runs them)
+            log(f"{variant}: WARNING: the kernels are not built for this backend, so this "
+                "variant runs the reference path (build with nvcc on PATH: pip install -e .)")
     moe_fn = m.moe_fn_for(variant, mesh)
     t0 = time.perf_counter()
     # Built under jit: one compiled initialiser instead of an eager dispatch per weight.
@@ -158,15 +187,30 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
 
     def train_step(state, tokens):
         model, opt = nnx.merge(graphdef, state)
+        # Once per optimizer step, outside the gradient and shared by its micro-batches (one
+        # today): the FP8 expert weights of the step's parameters.
+        fp8_weights = m.prepare_fp8_weights(model) if prepared else None
         grad_fn = nnx.value_and_grad(m.loss_fn, has_aux=True)
-        (loss, metrics), grads = grad_fn(model, tokens, cfg.aux_loss_weight)
+        (loss, metrics), grads = grad_fn(model, tokens, cfg.aux_loss_weight, fp8_weights)
         opt.update(model, grads)
         return nnx.state((model, opt)), loss, metrics["dropped"].sum()
 
     step = jax.jit(train_step, donate_argnums=0)
     t0 = time.perf_counter()
     log(f"{variant}: compiling ({global_batch} x {cfg.seq} tokens per step)")
-    compiled = step.lower(state, batches[0]).compile()
+    lowered = step.lower(state, batches[0])
+    if cfg.quantization is not None:
+        from benchmarks import mok_internals
+
+        targets = mok_internals.fp8_kernel_targets(lowered.as_text())
+        record["fp8_path"] = ("kernels: " + ", ".join(targets) if targets
+                              else "pure-jax" + (" (the FP8 layer's CPU backend)"
+                                                 if jax.default_backend() == "cpu" else ""))
+        if not targets and jax.default_backend() != "cpu":
+            log(f"{variant}: WARNING: the step calls no FP8 kernel (mok_*fp8*): the FP8 layer "
+                "runs its pure-JAX definition")
+        log(f"{variant}: FP8 path {record['fp8_path']}")
+    compiled = lowered.compile()
     record["compile_s"] = time.perf_counter() - t0
     log(f"{variant}: compiled in {record['compile_s']:.1f} s")
     outputs = []  # (loss, dropped) of every step, warm-ups first
@@ -188,8 +232,12 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     record.update(
         status="ok", step_ms=stats["times_ms"], step_ms_median=stats["median_ms"],
         tokens_per_s=tokens / (stats["median_ms"] * 1e-3), losses=losses,
+        final_loss=losses[-1],
         dropped_fraction=dropped / (args.steps * tokens * cfg.top_k * cfg.layers))
-    record["mfu"] = record["tokens_per_s"] * cfg.flops_per_token()["train"] / (
+    # Every variant: the BF16 model's FLOPs (an FP8 GEMM counts as its BF16 FLOPs) over the BF16
+    # matmul ceiling of this run, so MFUs compare as tokens/s do.
+    record["flops_per_token"] = base_cfg.flops_per_token()["train"]
+    record["mfu"] = record["tokens_per_s"] * record["flops_per_token"] / (
         ceiling * 1e12 * n_devices)
     log(f"{variant}: median {record['step_ms_median']:.1f} ms, "
         f"{record['tokens_per_s']:,.0f} tokens/s, MFU {100 * record['mfu']:.1f} %")
@@ -256,6 +304,14 @@ def main(argv=None) -> dict:
     log(f"{layers} layers, {cfg.param_count() / 1e9:.2f} B parameters, "
         f"{result['flops_per_token'] / 1e9:.2f} GFLOP per token per training step")
     for variant in variants:
+        reason = m.unavailable_reason(variant)
+        if reason is not None:
+            log(f"{variant}: skipped: {reason}")
+            result["variants"][variant] = {"variant": variant, "text": m.VARIANT_TEXT[variant],
+                                           "status": "skipped", "batch": args.batch,
+                                           "error": reason}
+            report.write_json(result, out)
+            continue
         batch, ooms = args.batch, []
         while True:
             try:
@@ -278,13 +334,21 @@ def main(argv=None) -> dict:
                     continue
                 status = "oom" if _is_oom(err) else "error"
                 log(f"{variant}: {status}: {str(err).splitlines()[0][:300]}")
-                record = {"variant": variant, "status": status, "batch": batch,
+                record = {"variant": variant, "text": m.VARIANT_TEXT[variant],
+                          "status": status, "batch": batch,
                           "error": str(err).splitlines()[0][:2000]}
                 break
         record["oom_batches"] = ooms
         result["variants"][variant] = record
         gc.collect()
         report.write_json(result, out)
+    baseline = result["variants"].get("jax_mok", {})
+    for record in result["variants"].values():
+        if (record.get("quantization") and record["status"] == "ok"
+                and baseline.get("status") == "ok"):
+            record["tokens_per_s_vs_jax_mok"] = (record["tokens_per_s"]
+                                                 / baseline["tokens_per_s"])
+    report.write_json(result, out)
     report.write_markdown(result, out)
     plot = report.write_plot(result, out)
     log(f"wrote {out / 'e2e.json'}, {out / 'e2e.md'}" + (f", {plot}" if plot else ""))
