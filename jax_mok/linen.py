@@ -31,6 +31,8 @@ from jax_mok.balancing import router_bias_update
 from jax_mok.config import MoEConfig
 from jax_mok.nnx import DENSE_INIT, ROUTER_INIT, expert_initializer
 from jax_mok.params import MoEParams
+from jax_mok.quantization.weights import Fp8Weights
+from jax_mok.quantization.weights import fp8_weights as make_fp8_weights
 from jax_mok.tuning import Tuning
 
 Dtype = Any
@@ -68,8 +70,10 @@ class MoE(nn.Module):
     tuning: Tuning | None = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, *, return_aux: bool = False):
-        """``x [..., H]`` -> ``y [..., H]``; ``(y, aux)`` when ``return_aux``."""
+    def __call__(self, x: jax.Array, *, return_aux: bool = False,
+                 fp8_weights: Fp8Weights | None = None):
+        """``x [..., H]`` -> ``y [..., H]``; ``(y, aux)`` when ``return_aux``. ``fp8_weights``
+        (FP8 configs): this layer's :func:`fp8_weights`, made once per optimizer step."""
         config = self.config
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config must be a jax_mok.MoEConfig, got {type(config).__name__}")
@@ -104,6 +108,8 @@ class MoE(nn.Module):
                 f"tuning must be a jax_mok.Tuning or None, got {type(self.tuning).__name__}")
         fn = self.moe_fn if self.moe_fn is not None else api.moe
         extra = {} if self.tuning is None else {"tuning": self.tuning}
+        if fp8_weights is not None:
+            extra["fp8_weights"] = fp8_weights
         y, aux = fn(x, params, return_aux=True, **extra)
         if self.sow_aux:
             self.sow("intermediates", "aux", aux)
@@ -135,4 +141,21 @@ def update_router_bias(variables: Mapping, expert_counts: jax.Array | Mapping,
     return {**variables, BIAS_COLLECTION: new}
 
 
-__all__ = ["BIAS_COLLECTION", "MoE", "update_router_bias"]
+def fp8_weights(params: Mapping, config: MoEConfig, *, dtype, backward: bool = True
+                ) -> Fp8Weights:
+    """:func:`jax_mok.fp8_weights` of one :class:`MoE` layer's ``params`` subtree (the mapping
+    holding its ``w_gate_up`` and ``w_down``; stacked layers of ``nn.scan``: ``jax.vmap`` this).
+    ``dtype``: the layer's compute dtype (its ``dtype``, else the parameters'). Pass the result
+    as ``module.apply(variables, x, fp8_weights=w)``; remake it after the parameters change."""
+    missing = [name for name in ("w_gate_up", "w_down") if name not in params]
+    if missing:
+        raise KeyError(f"jax_mok.linen.fp8_weights: params has no {missing} (pass the MoE "
+                       f"layer's own subtree, e.g. variables['params']['moe']); got keys "
+                       f"{sorted(params)}")
+    params = nn.unbox(params)  # init's variables hold LogicallyPartitioned boxes
+    experts = MoEParams(params.get("router"), None, params["w_gate_up"], params["w_down"],
+                        None, None, config, None)
+    return make_fp8_weights(experts, dtype=dtype, backward=backward)
+
+
+__all__ = ["BIAS_COLLECTION", "MoE", "fp8_weights", "update_router_bias"]

@@ -30,6 +30,8 @@ from jax_mok import api
 from jax_mok.balancing import router_bias_update
 from jax_mok.config import MoEConfig
 from jax_mok.params import MoEParams
+from jax_mok.quantization.weights import Fp8Weights
+from jax_mok.quantization.weights import fp8_weights as make_fp8_weights
 from jax_mok.tuning import Tuning
 
 Dtype = Any
@@ -145,12 +147,24 @@ class MoE(nnx.Module):
             config=self.config, shared_gate=value(self.shared_gate),
         )
 
-    def __call__(self, x: jax.Array, *, return_aux: bool = False):
-        """``x [..., H]`` -> ``y [..., H]`` in ``dtype`` (or x's); ``(y, aux)`` if return_aux."""
+    def fp8_weights(self, *, backward: bool = True) -> Fp8Weights:
+        """The expert weights' FP8 layouts for ``config.quantization``, in the dtype the layer
+        computes in (``dtype``, else the parameters'): :func:`jax_mok.fp8_weights` of
+        :meth:`to_params`. Make them once per optimizer step and pass them to every call of the
+        step (``module(x, fp8_weights=w)``); remake them after the parameters change."""
+        dtype = self.dtype if self.dtype is not None else self.param_dtype
+        return make_fp8_weights(self.to_params(), dtype=dtype, backward=backward)
+
+    def __call__(self, x: jax.Array, *, return_aux: bool = False,
+                 fp8_weights: Fp8Weights | None = None):
+        """``x [..., H]`` -> ``y [..., H]`` in ``dtype`` (or x's); ``(y, aux)`` if return_aux.
+        ``fp8_weights``: this layer's :meth:`fp8_weights`, made earlier in the step (FP8 only)."""
         if self.dtype is not None:
             x = x.astype(self.dtype)
         fn = self.moe_fn if self.moe_fn is not None else api.moe
         extra = {} if self.tuning is None else {"tuning": self.tuning}
+        if fp8_weights is not None:
+            extra["fp8_weights"] = fp8_weights
         y, aux = fn(x, self.to_params(), return_aux=True, **extra)
         if self.sow_aux:
             self.aux = nnx.Intermediate(aux)

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 import jax_mok
+import jax_mok.linen
+import jax_mok.nnx
 from jax_mok import testing
 
 E, K, H, F, T = 4, 2, 256, 128, 64  # H, F multiples of 128: the CUDA kernels' sizes too
@@ -211,3 +213,23 @@ def test_errors_name_the_problem():
     with pytest.raises(TypeError, match="backward=False"):
         jax.grad(lambda p: jnp.sum(jax_mok.moe(x, p, fp8_weights=fwd_only).astype(
             jnp.float32)))(params)
+
+
+def test_flax_modules_take_fp8_weights():
+    from flax import nnx
+
+    config = _config("fp8_block")
+    x = jax.random.normal(jax.random.key(1), (T, H))
+    layer = jax_mok.nnx.MoE(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    w = layer.fp8_weights()
+    assert w.dtype == "bfloat16" and w.backward
+    np.testing.assert_array_equal(np.asarray(layer(x, fp8_weights=w)), np.asarray(layer(x)))
+
+    module = jax_mok.linen.MoE(config, dtype=jnp.bfloat16)
+    variables = module.init(jax.random.key(0), x)
+    w = jax_mok.linen.fp8_weights(variables["params"], config, dtype=jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(module.apply(variables, x, fp8_weights=w)),
+                                  np.asarray(module.apply(variables, x)))
+    with pytest.raises(KeyError, match="w_gate_up"):
+        jax_mok.linen.fp8_weights({"router": variables["params"]["router"]}, config,
+                                  dtype=jnp.bfloat16)

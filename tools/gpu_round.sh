@@ -4,7 +4,8 @@
 #   OUT=/dir tools/gpu_round.sh STEP[,STEP...]
 # Steps (in the order given):
 #   fp8      GPU tests of the FP8 kernels (tests/test_cuda_fp8.py) on GPU 0, and at the same time
-#            the BF16 kernel tests (test_cuda_kernels.py, test_ffi_attributes_cuda.py) on GPU 1
+#            the weight quantizer's and fp8_weights' tests (and on two GPUs the BF16 kernel tests:
+#            test_cuda_kernels.py, test_ffi_attributes_cuda.py) on GPU 1, or on GPU 0 beside them
 #   unit     the BF16 kernel tests alone (GPU 0)
 #   multi    the multi-GPU tests (tests/test_peer_transport.py -m multigpu); then issue 18's
 #            single-device-then-peer sequence once more with PeerTuning(check="deferred")
@@ -14,7 +15,14 @@
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
 #   e2e      python -m benchmarks.e2e.run $E2E_ARGS, E2E_TIMEOUT (200 s)
 # The last lines are a summary: each step's exit code and its last result line.
+#   fp8w     the expert-weight quantizer's bit tests and tests/test_fp8_weights.py (fp8_weights on
+#            the CUDA path: values and gradients equal the plain call's)
+#   quant    tools/kernel_timings.py quantizers (the CUDA quantizers' GB/s against the HBM copy)
+#   ncu      ncu (SpeedOfLight, WarpStateStats, SchedulerStats, MemoryWorkload) of the FP8 GEMMs of
+#            one forward of NCU_SHAPE (S2), NCU_TIMEOUT (150 s)
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers; liger-kernel for B6).
+# A prebuilt extension: .device/ext/_mok_c*.so (built on the CPU machine for Python 3.12 / jax
+# 0.11.2, carried with carry=[".device/ext"]) is used instead of building here (~50 s saved).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others below); nothing here resets,
 # reclocks or repartitions a GPU.
 set -uo pipefail
@@ -45,9 +53,14 @@ fi
 
 step "build"
 t0=$(date +%s)
-JAX_MOK_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation \
-  --no-deps -v -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-note "build: $(( $(date +%s) - t0 )) s"
+if ls .device/ext/_mok_cuda*.so >/dev/null 2>&1; then
+  cp .device/ext/_mok_c*.so jax_mok/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  note "build: prebuilt extension from .device/ext"
+else
+  JAX_MOK_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation \
+    --no-deps -v -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  note "build: $(( $(date +%s) - t0 )) s"
+fi
 python3 -c "import jax_mok, jax_mok.kernels._ffi as f; m = f.cuda_module(); \
 print('targets:', len(m.registrations()), m.device_info())" || exit 1
 
@@ -67,24 +80,46 @@ PYTEST="python3 -m pytest -q -p no:cacheprovider -rfE"
 for s in ${STEPS//,/ }; do
   case "$s" in
     fp8)
-      step "fp8 + unit in parallel (GPU 0: FP8, GPU 1: BF16)"
+      # The FP8 kernel tests, and beside them the expert-weight quantizer's and fp8_weights'
+      # tests (one GPU: both processes on it, each with 40 % of its memory); with two GPUs the
+      # BF16 kernel tests run on GPU 1 as well.
+      step "fp8 tests in parallel"
       t=$(date +%s)
-      CUDA_VISIBLE_DEVICES=0 JAX_MOK_REQUIRE_CUDA=1 timeout ${FP8_TIMEOUT:-300} $PYTEST \
-        tests/test_cuda_fp8.py > "$OUT/fp8_tests.log" 2>&1 &
-      a=$!
       other=$(( GPUS > 1 ? 1 : 0 ))
-      if [ "$other" = 1 ]; then
-        CUDA_VISIBLE_DEVICES=1 JAX_MOK_REQUIRE_CUDA=1 timeout ${UNIT_TIMEOUT:-300} $PYTEST \
-          tests/test_cuda_kernels.py tests/test_ffi_attributes_cuda.py > "$OUT/unit_tests.log" 2>&1 &
-        b=$!
-        wait $b; rb=$?
-      fi
+      frac=$([ "$other" = 1 ] && echo 0.8 || echo 0.4)
+      CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_MEM_FRACTION=$frac JAX_MOK_REQUIRE_CUDA=1 \
+        timeout ${FP8_TIMEOUT:-300} $PYTEST tests/test_cuda_fp8.py > "$OUT/fp8_tests.log" 2>&1 &
+      a=$!
+      CUDA_VISIBLE_DEVICES=$other XLA_PYTHON_CLIENT_MEM_FRACTION=$frac JAX_MOK_REQUIRE_CUDA=1 \
+        timeout ${FP8_TIMEOUT:-300} $PYTEST tests/test_cuda_fp8_weights.py tests/test_fp8_weights.py \
+        $([ "$other" = 1 ] && echo tests/test_cuda_kernels.py tests/test_ffi_attributes_cuda.py) \
+        > "$OUT/fp8w_tests.log" 2>&1 &
+      b=$!
+      wait $b; rb=$?
       wait $a; ra=$?
       note "fp8 tests: rc=$ra $(grep -E 'passed|failed' "$OUT/fp8_tests.log" | tail -1)"
-      [ "$other" = 1 ] && note "unit tests: rc=$rb $(grep -E 'passed|failed' "$OUT/unit_tests.log" | tail -1)"
+      note "fp8 weights (+unit on 2 GPUs) tests: rc=$rb $(grep -E 'passed|failed' "$OUT/fp8w_tests.log" | tail -1)"
       grep -E "^FAILED|^ERROR|Error" "$OUT/fp8_tests.log" | head -20
-      [ "$other" = 1 ] && grep -E "^FAILED|^ERROR" "$OUT/unit_tests.log" | head -20
-      note "fp8+unit: $(( $(date +%s) - t )) s"
+      grep -E "^FAILED|^ERROR" "$OUT/fp8w_tests.log" | head -20
+      note "fp8 tests: $(( $(date +%s) - t )) s"
+      ;;
+    fp8w)
+      JAX_MOK_REQUIRE_CUDA=1 run fp8w_tests ${FP8W_TIMEOUT:-240} $PYTEST \
+        tests/test_cuda_fp8_weights.py tests/test_fp8_weights.py
+      ;;
+    fp8only)
+      JAX_MOK_REQUIRE_CUDA=1 run fp8_tests ${FP8_TIMEOUT:-300} $PYTEST tests/test_cuda_fp8.py
+      ;;
+    quant)
+      TAIL=30 run quantizers ${QUANT_TIMEOUT:-120} python3 tools/kernel_timings.py quantizers \
+        --shapes ${QUANT_SHAPES:-S1,S2,S4} --quantization ${QUANT_RECIPES:-fp8_block,mxfp8}
+      ;;
+    ncu)
+      TAIL=60 run ncu ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:fp8_gemm \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --section LaunchStats \
+        python3 tools/kernel_timings.py forward --shapes ${NCU_SHAPE:-S2} \
+        --quantization ${NCU_RECIPE:-fp8_block}
       ;;
     unit)
       JAX_MOK_REQUIRE_CUDA=1 run unit_tests ${UNIT_TIMEOUT:-300} $PYTEST tests/test_cuda_kernels.py \
@@ -99,9 +134,12 @@ for s in ${STEPS//,/ }; do
       ;;
     timings)
       TAIL=40 run timings ${TIMING_TIMEOUT:-240} python3 tools/kernel_timings.py timings \
-        --shapes ${TIMING_SHAPES:-S1,S2,S3,S4,S5,S6} --quantization none,fp8_block,mxfp8
-      JAX_MOK_CUDA_PROFILE=1 TAIL=40 run profile 120 python3 tools/kernel_timings.py profile \
-        --shapes ${PROFILE_SHAPES:-S2} --quantization fp8_block
+        --shapes ${TIMING_SHAPES:-S1,S2,S3,S4,S5,S6} \
+        --quantization ${TIMING_QUANT:-none,fp8_block,mxfp8}
+      [ "${PROFILE_SHAPES:-S2}" = none ] ||
+      JAX_MOK_CUDA_PROFILE=1 TAIL=40 run profile ${PROFILE_TIMEOUT:-120} \
+        python3 tools/kernel_timings.py profile --shapes ${PROFILE_SHAPES:-S2} \
+        --quantization ${PROFILE_QUANT:-fp8_block}
       ;;
     bench)
       TAIL=60 run bench ${BENCH_TIMEOUT:-420} python3 -m benchmarks.run --out "$OUT/bench" \

@@ -20,6 +20,7 @@ its pure-JAX definition, and the table says which of the two ran.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 
@@ -122,11 +123,43 @@ def timings(shapes: list[str]) -> None:
         )
 
 
+def prepare(wgu, wd, recipe: str):
+    """The expert weights' FP8 layouts (``jax_mok.fp8_weights``'s pytree) of bf16 ``wgu``,
+    ``wd``, made by the CUDA quantizer where it runs."""
+    from jax_mok.quantization import weights
+
+    def make(a, b):
+        gu, gu_t = weights.quantize_expert_weight(a, recipe, True, True)
+        dn, dn_t = weights.quantize_expert_weight(b, recipe, True, True)
+        return weights.Fp8Weights(gu, dn, gu_t, dn_t, recipe, a.dtype.name)
+
+    return jax.block_until_ready(jax.jit(make)(wgu, wd))
+
+
+def forward_prepared(ids, recipe: str):
+    fn = mok_internals.routed_experts_fp8(recipe, "cuda")
+    return jax.jit(lambda x, w, a, b, p: fn(x, ids, w, a, b, prepared=p))
+
+
+def forward_backward_prepared(ids, dy, recipe: str):
+    """fwd+bwd reading prepared FP8 weights (the cost of one micro-batch); the gradients of the
+    array weights are still returned."""
+    fn = mok_internals.routed_experts_fp8(recipe, "cuda")
+
+    def step(x, w, a, b, p):
+        y, vjp = jax.vjp(lambda x, w, a, b: fn(x, ids, w, a, b, prepared=p), x, w, a, b)
+        return y, vjp(dy)
+
+    return jax.jit(step)
+
+
 def _fp8_times(recipe: str, name: str, x, ids, w, wgu, wd, dy) -> dict[str, float]:
-    """Median seconds of the FP8 forward, the forward on pre-quantized weights and fwd+bwd
+    """Median seconds of the FP8 forward, the forward on pre-quantized weights, fwd+bwd, and
+    with prepared weights (``fp8_weights``) the forward and fwd+bwd, plus the preparation
     (NaN for a run that failed, e.g. out of memory: the other runs still count)."""
     out = {}
-    for label in ("fwd", "pq", "fwdbwd"):
+    prepared = None
+    for label in ("fwd", "pq", "fwdbwd", "prep", "fwd_prep", "fwdbwd_prep"):
         try:
             if label == "fwd":
                 out[label] = median_s(forward(ids, recipe), x, w, wgu, wd, n=10)
@@ -134,12 +167,22 @@ def _fp8_times(recipe: str, name: str, x, ids, w, wgu, wd, dy) -> dict[str, floa
                 weights = peers_jax.prequantize(wgu, wd, recipe)
                 out[label] = median_s(forward(ids, recipe), x, w, *weights, n=10)
                 del weights
-            else:
+            elif label == "fwdbwd":
                 fb = forward_backward(ids, dy, quantization=recipe)
                 out[label] = median_s(fb, x, w, wgu, wd, n=5)
+            elif label == "prep":
+                prepared = prepare(wgu, wd, recipe)
+                out[label] = median_s(lambda a, b: prepare(a, b, recipe), wgu, wd, n=5)
+            elif label == "fwd_prep":
+                out[label] = median_s(forward_prepared(ids, recipe), x, w, wgu, wd, prepared,
+                                      n=10)
+            else:
+                fb = forward_backward_prepared(ids, dy, recipe)
+                out[label] = median_s(fb, x, w, wgu, wd, prepared, n=5)
         except Exception as e:  # noqa: BLE001 - reported, the other rows still count
-            print(f"{name} {recipe}: {label} failed: {str(e)[:200]}")
+            print(f"{name} {recipe}: {label} failed: {str(e)[:300]}")
             out[label] = float("nan")
+    del prepared
     return out
 
 
@@ -158,17 +201,53 @@ def timings_fp8(shapes: list[str], recipes: list[str]) -> None:
             path = fp8_path(ids, recipe, x, w, wgu, wd)
             t = _fp8_times(recipe, name, x, ids, w, wgu, wd, dy)
             rows.append((name, recipe, path, t, flops))
-            print(f"{name} {recipe} ({path}): fwd {t['fwd'] * 1e3:.3f} ms | pre-quantized "
-                  f"{t['pq'] * 1e3:.3f} ms | fwd+bwd {t['fwdbwd'] * 1e3:.3f} ms", flush=True)
+            print(f"{name} {recipe} ({path}): " + " | ".join(
+                f"{k} {v * 1e3:.3f} ms" for k, v in t.items()), flush=True)
         del x, ids, w, wgu, wd, dy
-    print("\n| shape | recipe | path | fwd ms | TFLOP/s | % FP8 ceil | pre-quantized fwd ms "
-          "| TFLOP/s | fwd+bwd ms | TFLOP/s | % FP8 ceil |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| shape | recipe | path | fwd ms | TFLOP/s | pre-quantized fwd ms | TFLOP/s "
+          "| fwd+bwd ms | TFLOP/s | fp8_weights ms | fwd (prepared) ms | TFLOP/s | % FP8 ceil "
+          "| fwd+bwd (prepared) ms | TFLOP/s | % FP8 ceil |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, recipe, path, t, flops in rows:
         f, q, b = flops / t["fwd"] / 1e12, flops / t["pq"] / 1e12, 3 * flops / t["fwdbwd"] / 1e12
+        fp, bp = flops / t["fwd_prep"] / 1e12, 3 * flops / t["fwdbwd_prep"] / 1e12
         print(f"| {name} | {recipe} | {path} | {t['fwd'] * 1e3:.3f} | {f:.0f} | "
-              f"{100 * f / ceil:.0f} | {t['pq'] * 1e3:.3f} | {q:.0f} | {t['fwdbwd'] * 1e3:.3f} | "
-              f"{b:.0f} | {100 * b / ceil:.0f} |")
+              f"{t['pq'] * 1e3:.3f} | {q:.0f} | {t['fwdbwd'] * 1e3:.3f} | {b:.0f} | "
+              f"{t['prep'] * 1e3:.3f} | {t['fwd_prep'] * 1e3:.3f} | {fp:.0f} | "
+              f"{100 * fp / ceil:.0f} | {t['fwdbwd_prep'] * 1e3:.3f} | {bp:.0f} | "
+              f"{100 * bp / ceil:.0f} |")
+
+
+def quantizers(shapes: list[str], recipes: list[str]) -> None:
+    """Bandwidth of the CUDA quantizers (bytes read + written / median time) against the HBM
+    copy: the expert weights in one pass (both layouts, and the forward's alone), x's rows."""
+    from benchmarks.ceilings import _jax_copy
+    from jax_mok.kernels import targets
+
+    copy = _jax_copy(2 << 30, 3, 20)["gbps"]
+    print(f"HBM copy (read + write, 2 GiB): {copy:.0f} GB/s")
+    print("| shape | recipe | what | bytes | ms | GB/s | % of copy |")
+    print("|---|---|---|---|---|---|---|")
+    for name in shapes:
+        x, ids, w, wgu, wd, dy = inputs(name)
+        del ids, w, dy
+        for recipe in recipes:
+            cases = (
+                ("weights, both layouts",
+                 functools.partial(targets.quantize_weight_both, recipe=recipe), (wgu, wd), 2),
+                ("weights, forward layout",
+                 functools.partial(targets.quantize_weight, recipe=recipe, axis=1), (wgu, wd), 1),
+                ("x rows", functools.partial(targets.quantize_rows, recipe=recipe), (x,), 1))
+            for what, fn, arrays, out_per_elem in cases:
+                jitted = jax.jit(fn)
+                seconds = sum(median_s(jitted, a, n=10) for a in arrays)
+                elems = sum(a.size for a in arrays)
+                scale_bytes = elems * out_per_elem / 32  # <= 1 byte per 32 elements per layout
+                nbytes = elems * (2 + out_per_elem) + scale_bytes
+                gbps = nbytes / seconds / 1e9
+                print(f"| {name} | {recipe} | {what} | {nbytes / 1e9:.2f} GB | "
+                      f"{seconds * 1e3:.3f} | {gbps:.0f} | {100 * gbps / copy:.0f} |", flush=True)
+        del x, wgu, wd
 
 
 def profile(shapes: list[str], quantization: str = "none") -> None:
@@ -244,7 +323,7 @@ def compare(first: str, second: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("timings", "profile", "forward", "compare"))
+    ap.add_argument("what", choices=("timings", "profile", "forward", "compare", "quantizers"))
     ap.add_argument("files", nargs="*", help="compare: two profile outputs")
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
     ap.add_argument("--quantization", default="none",
@@ -266,7 +345,9 @@ def main() -> None:
     unknown = [s for s in shapes if s not in testing.SHAPES]
     if unknown:
         ap.error(f"--shapes: unknown {unknown}; expected names from {sorted(testing.SHAPES)}")
-    if args.what == "timings":
+    if args.what == "quantizers":
+        quantizers(shapes, [q for q in quantizations if q != "none"] or ["fp8_block"])
+    elif args.what == "timings":
         if "none" in quantizations:
             timings(shapes)
         recipes = [q for q in quantizations if q != "none"]

@@ -171,18 +171,16 @@ def prepare_fp8_weights(model: MoETransformer):
     shared by every micro-batch of the step (today one)."""
     if (reason := unavailable_reason("jax_mok_fp8_block_prepared")) is not None:
         raise NotImplementedError(f"jax_mok_fp8_block_prepared: {reason}")
-    return jax.vmap(jax_mok.fp8_weights)(model.blocks.moe.to_params())
+    # The layer quantizes its weights in its compute dtype (bf16 here; the masters are f32).
+    make = functools.partial(jax_mok.fp8_weights, dtype=model.blocks.moe.dtype)
+    return jax.vmap(make)(model.blocks.moe.to_params())
 
 
 def moe_forward(moe: jax_mok.nnx.MoE, x: jax.Array, fp8_weights=None):
     """The MoE of a block: ``(y, aux)`` of ``x [B, S, H]``. ``fp8_weights``: this layer's FP8
     expert weights prepared for the step (:func:`prepare_fp8_weights`), or None (the layer
     quantizes its weights itself where its config says FP8)."""
-    if fp8_weights is None:
-        return moe(x, return_aux=True)
-    # jax_mok.nnx.MoE.__call__ has no fp8_weights argument: its call, with them
-    fn = moe.moe_fn if moe.moe_fn is not None else jax_mok.moe
-    return fn(x.astype(moe.dtype), moe.to_params(), return_aux=True, fp8_weights=fp8_weights)
+    return moe(x, return_aux=True, fp8_weights=fp8_weights)
 
 
 class Attention(nnx.Module):
