@@ -84,8 +84,9 @@ def test_layouts_are_the_quantizers_bits():
 
 
 def _weight_sized_fp8(jaxpr, sizes) -> int:
-    """Conversions to float8 (quantization; the dequantizers only reshape FP8 arrays) at any
-    depth whose output has one of ``sizes`` elements."""
+    """Quantizations of a weight-sized tensor at any depth: conversions to float8 (XLA's
+    quantizer; the dequantizers only reshape FP8 arrays) and calls of the CUDA weight quantizer
+    (``mok_quantize_weight*``) whose output has one of ``sizes`` elements."""
     count = 0
     for eqn in jaxpr.eqns:
         for value in eqn.params.values():  # nested jaxprs: pjit, custom_vjp, scan, ...
@@ -94,7 +95,10 @@ def _weight_sized_fp8(jaxpr, sizes) -> int:
                 inner = getattr(v, "jaxpr", v)
                 if hasattr(inner, "eqns"):
                     count += _weight_sized_fp8(inner, sizes)
-        if eqn.primitive.name != "convert_element_type":
+        quantizer = eqn.primitive.name == "convert_element_type" or (
+            eqn.primitive.name == "ffi_call"
+            and str(eqn.params.get("target_name", "")).startswith("mok_quantize_weight"))
+        if not quantizer:
             continue
         for v in eqn.outvars:
             aval = v.aval
@@ -169,8 +173,10 @@ def test_microbatch_scan_equals_summed_plain_gradients():
     want = jax.tree.map(jnp.zeros_like, params)
     for i in range(xs.shape[0]):
         want = jax.tree.map(jnp.add, want, jax.jit(jax.grad(loss))(params, xs[i]))
+    # Not bitwise: the scanned and the unrolled programs may sum the shared router's and the
+    # token reductions in another order (seen on XLA:GPU: 2e-5 relative on the router gradient).
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
 def test_quantized_inside_the_loss_gives_the_same_gradients():

@@ -123,9 +123,8 @@ def timings(shapes: list[str]) -> None:
         )
 
 
-def prepare(wgu, wd, recipe: str):
-    """The expert weights' FP8 layouts (``jax_mok.fp8_weights``'s pytree) of bf16 ``wgu``,
-    ``wd``, made by the CUDA quantizer where it runs."""
+@functools.cache
+def _prepare_fn(recipe: str):
     from jax_mok.quantization import weights
 
     def make(a, b):
@@ -133,7 +132,13 @@ def prepare(wgu, wd, recipe: str):
         dn, dn_t = weights.quantize_expert_weight(b, recipe, True, True)
         return weights.Fp8Weights(gu, dn, gu_t, dn_t, recipe, a.dtype.name)
 
-    return jax.block_until_ready(jax.jit(make)(wgu, wd))
+    return jax.jit(make)
+
+
+def prepare(wgu, wd, recipe: str):
+    """The expert weights' FP8 layouts (``jax_mok.fp8_weights``'s pytree) of bf16 ``wgu``,
+    ``wd``, made by the CUDA quantizer (one compiled function per recipe)."""
+    return jax.block_until_ready(_prepare_fn(recipe)(wgu, wd))
 
 
 def forward_prepared(ids, recipe: str):
@@ -222,7 +227,9 @@ def quantizers(shapes: list[str], recipes: list[str]) -> None:
     """Bandwidth of the CUDA quantizers (bytes read + written / median time) against the HBM
     copy: the expert weights in one pass (both layouts, and the forward's alone), x's rows."""
     from benchmarks.ceilings import _jax_copy
-    from jax_mok.kernels import targets
+    from jax_mok.kernels import _ffi, targets
+
+    _ffi.cuda_module()  # registers the targets (the layer does this when it picks the kernels)
 
     copy = _jax_copy(2 << 30, 3, 20)["gbps"]
     print(f"HBM copy (read + write, 2 GiB): {copy:.0f} GB/s")

@@ -55,6 +55,7 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
 template <class T>
 ffi::Error QuantizeRows(Recipe recipe, cudaStream_t stream, const DeviceInfo& dev, const T* src,
                         int64_t rows, int64_t cols, uint8_t* values, uint8_t* scales) {
+  ProfileStart(stream);
   return DispatchRecipe(recipe, [&](auto tag) -> ffi::Error {
     constexpr Recipe R = decltype(tag)::value;
     return Stage(
@@ -68,6 +69,7 @@ ffi::Error QuantizeRows(Recipe recipe, cudaStream_t stream, const DeviceInfo& de
 template <class T>
 ffi::Error QuantizeWeight(Recipe recipe, cudaStream_t stream, const T* w, int64_t experts,
                           int64_t a_dim, int64_t b_dim, const WeightLayouts& out) {
+  ProfileStart(stream);
   return DispatchRecipe(recipe, [&](auto tag) -> ffi::Error {
     constexpr Recipe R = decltype(tag)::value;
     return Stage("quantize expert weights",
