@@ -55,11 +55,14 @@ def _cuda(recipe, save):
 
 
 def _reference(recipe, args):
-    """The pure-JAX FP8 layer (jax_mok.quantization.layer: GEMMs at Precision.HIGHEST)."""
+    """The pure-JAX FP8 layer (jax_mok.quantization.layer: GEMMs at Precision.HIGHEST), run by
+    XLA:CPU, the platform the format's bit tests pin down (tests/test_quantization.py)."""
     from jax_mok.quantization import layer as fp8
 
-    return _vjp_fn(lambda x, ids, w, wgu, wd: fp8.routed_experts_fp8(
-        x, ids, w, wgu, wd, recipe))(*args)
+    cpu = _cpu()
+    with jax.default_device(cpu):
+        return _vjp_fn(lambda x, ids, w, wgu, wd: fp8.routed_experts_fp8(
+            x, ids, w, wgu, wd, recipe))(*(jax.device_put(a, cpu) for a in args))
 
 
 def _rel(a, b):
@@ -109,6 +112,29 @@ def test_quantize_kernel_bits_equal_jax(recipe, dtype):
         gb, wb = g.view(np.uint8), w.view(np.uint8)
         bad = np.argwhere(gb != wb)
         assert bad.size == 0, f"{name}: {len(bad)} bytes differ, first at {bad[:3].tolist()}"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_xla_gpu_quantization_bits_equal_cpu(recipe, dtype):
+    """jax_mok.quantization's own functions compiled by XLA:GPU give the specification's bits
+    (the pure-JAX layer on a GPU is the same function): activations and both weight layouts."""
+    from jax_mok import quantization
+
+    rng = np.random.default_rng(5)
+    x = _special_rows(rng, 96, 512, dtype)
+    w = jnp.asarray(rng.standard_normal((2, 256, 384)) * 0.05, dtype)
+    cases = [("activations", lambda a: quantization.quantize(a, recipe), x)] + [
+        (f"weights along {axis}", lambda a, axis=axis: (
+            lambda q: (q.values, q.scales))(quantization.QuantizedWeight.quantize(a, recipe, axis)),
+         w) for axis in (1, 2)]
+    for name, fn, arg in cases:
+        got = [np.asarray(a) for a in jax.jit(fn)(arg)]
+        with jax.default_device(_cpu()):
+            want = [np.asarray(a) for a in fn(jax.device_put(arg, _cpu()))]
+        for g, wt in zip(got, want, strict=True):
+            bad = np.argwhere(g.view(np.uint8) != wt.view(np.uint8))
+            assert bad.size == 0, f"{name}: {len(bad)} bytes differ, first at {bad[:3].tolist()}"
 
 
 CASES = [

@@ -128,10 +128,33 @@ def _split_subnormal(x32: jax.Array):
     return subnormal, (bits & _MANTISSA).astype(jnp.float32), bits < 0
 
 
+_E4M3_MAX_BITS = 0x43E00000  # float32 bits of 448
+_E4M3_MIN_NORMAL_BITS = 121 << 23  # float32 bits of 2**-6, E4M3's smallest normal
+
+
 def _cast_e4m3(scaled: jax.Array, nonfinite: jax.Array) -> jax.Array:
-    values = jnp.clip(scaled, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
-    nan = jax.lax.bitcast_convert_type(jnp.uint8(_E4M3_NAN_BYTE), jnp.float8_e4m3fn)
-    return jnp.where(nonfinite, nan, values)
+    """E4M3 bytes of ``clip(scaled, +-448)`` rounded to nearest even, from the float32 bits:
+    integer arithmetic only, so every platform gives these bits (XLA:GPU's float32 -> float8
+    conversion does not: it rounds some values differently). Where ``nonfinite``: NaN (0x7F)."""
+    bits = jax.lax.bitcast_convert_type(scaled, jnp.int32)
+    sign = jax.lax.shift_right_logical(bits, 31) << 7
+    mag = jnp.minimum(bits & 0x7FFFFFFF, _E4M3_MAX_BITS)  # the clip, on ordered magnitudes
+    # Normal: keep 3 of the 23 mantissa bits (RNE on exponent | mantissa, so a carry bumps the
+    # exponent), then rebias the exponent from 127 to 7 (the field sits at bit 3).
+    lsb = jax.lax.shift_right_logical(mag, 20) & 1
+    normal = jax.lax.shift_right_logical(mag + 0x7FFFF + lsb, 20) - (120 << 3)
+    # Below 2**-6: the value in units of E4M3's subnormal step 2**-9 is M * 2**(E - 14) with
+    # M the 24-bit significand and E the unbiased exponent; rounded to nearest even it is the
+    # byte itself (8 being 2**-6, the smallest normal). Below 2**-10 it rounds to 0 (shift 25:
+    # M < 2**24 is under half a step); float32 subnormals (field 0) likewise.
+    significand = (mag & _MANTISSA) | 0x800000
+    shift = jnp.clip(14 - (jax.lax.shift_right_logical(mag, 23) - 127), 21, 25)
+    half = jax.lax.shift_left(jnp.int32(1), shift - 1)
+    odd = jax.lax.shift_right_logical(significand, shift) & 1
+    sub = jax.lax.shift_right_logical(significand + half - 1 + odd, shift)
+    byte = jnp.where(mag >= _E4M3_MIN_NORMAL_BITS, normal, sub) | sign
+    byte = jnp.where(nonfinite, _E4M3_NAN_BYTE, byte).astype(jnp.uint8)
+    return jax.lax.bitcast_convert_type(byte, jnp.float8_e4m3fn)
 
 
 def mx_exponent(amax_bits: jax.Array) -> jax.Array:
