@@ -86,3 +86,11 @@ def test_fp8_training_tracks_bf16(tmp_path):
         change = result[name]["final_loss"] / base["final_loss"] - 1
         assert abs(change) < 0.02, f"{name}: final loss {100 * change:+.2f} % vs bf16"
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fp8_weights_microbatches(tmp_path):
+    result = _run_main("fp8_weights_microbatches", [
+        "--layers", "2", "--micro-batches", "3", "--tokens", "32", "--hidden", "128",
+        "--ffn", "128", "--experts", "4", "--steps", "2"], tmp_path)
+    assert result["gradient_difference"] < 1e-5 and result["finite"]
+    assert result["losses"][-1] < result["losses"][0]

@@ -13,39 +13,87 @@
 //   k_offset.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/device/fp8_format.cuh"
 #include "cuda/device/ptx.cuh"
 
 namespace mok::cuda::fp8 {
 
-// One warp per 128 columns of a row: lane l holds columns 4l..4l+3.
+// Eight consecutive elements of a row as floats (one 16-byte load for bf16, two for float32).
+template <class T>
+__device__ __forceinline__ void load8(const T* src, float* f) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 lo = *reinterpret_cast<const float4*>(src);
+    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z;
+    f[7] = hi.w;
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = to_float(e[j]);
+  }
+}
+
+// Half a warp per 128 columns of a row (an "item"): lane l of the half holds columns
+// 8l..8l+7, so a recipe's block is 4 lanes (mxfp8) or the 16 (fp8_block). Each half-warp takes
+// kRowUnroll items per round, every load issued before the first use (memory-level
+// parallelism: the pass is memory-bound).
+constexpr int kRowUnroll = 4;
+
 template <class T, Recipe R>
-__global__ void quantize_rows_kernel(const T* __restrict__ src, int64_t ld, const int* gather,
-                                     int rows, const int* rows_limit, int cols,
-                                     uint8_t* __restrict__ out, uint8_t* __restrict__ scales) {
-  const int lane = threadIdx.x & 31;
+__global__ void __launch_bounds__(256)
+    quantize_rows_kernel(const T* __restrict__ src, int64_t ld, const int* gather, int rows,
+                         const int* rows_limit, int cols, uint8_t* __restrict__ out,
+                         uint8_t* __restrict__ scales) {
+  const int hl = threadIdx.x & 15;  // lane within the half-warp
   const int limit = rows_limit ? min(rows, *rows_limit) : rows;
   const int chunks = cols / 128;
   const int64_t work = static_cast<int64_t>(limit) * chunks;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       item < work; item += warps) {
-    const int row = static_cast<int>(item / chunks), c0 = static_cast<int>(item % chunks) * 128;
-    const int64_t src_row = gather ? gather[row] : row;
-    const float4 v = load4(src + src_row * ld + c0 + 4 * lane);
-    float m = amax_combine(amax_combine(amax_combine(amax_combine(0.f, v.x), v.y), v.z), v.w);
-    constexpr int kLanes = kScaleBlock<R> / 4;  // lanes per scale block: 8 or 32
+  const int64_t halves = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 4);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 4;
+  constexpr int kLanes = kScaleBlock<R> / 8;  // lanes per scale block: 4 or 16
+  for (int64_t base = first; base < work; base += halves * kRowUnroll) {
+    float v[kRowUnroll][8];
 #pragma unroll
-    for (int d = 1; d < kLanes; d <<= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
-    const BlockScale s = block_scale<R>(m);
-    const uint32_t q = quantize_pair<R>(make_float2(v.x, v.y), s) |
-                       (static_cast<uint32_t>(quantize_pair<R>(make_float2(v.z, v.w), s)) << 16);
-    *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * cols + c0 + 4 * lane) = q;
-    uint8_t* row_scales = scales + static_cast<int64_t>(row) * (cols / 32);
-    if constexpr (R == Recipe::kMx) {
-      if ((lane & 7) == 0) row_scales[c0 / 32 + lane / 8] = static_cast<uint8_t>(s.stored);
-    } else {
-      if (lane == 0) reinterpret_cast<uint32_t*>(row_scales)[c0 / 128] = s.stored;
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t item = base + u * halves;
+      if (item < work) {
+        const int row = static_cast<int>(item / chunks);
+        const int c0 = static_cast<int>(item % chunks) * 128;
+        const int64_t src_row = gather ? gather[row] : row;
+        load8(src + src_row * ld + c0 + 8 * hl, v[u]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[u][j] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      float m = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m = amax_combine(m, v[u][j]);
+      // every lane shuffles (inactive items hold zeros), within its half-warp's block lanes
+#pragma unroll
+      for (int d = 1; d < kLanes; d <<= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
+      const int64_t item = base + u * halves;
+      if (item >= work) continue;
+      const BlockScale s = block_scale<R>(m);
+      uint32_t q[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        q[j] = quantize_pair<R>(make_float2(v[u][2 * j], v[u][2 * j + 1]), s);
+      const int row = static_cast<int>(item / chunks);
+      const int c0 = static_cast<int>(item % chunks) * 128;
+      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row) * cols + c0 + 8 * hl) =
+          make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+      uint8_t* row_scales = scales + static_cast<int64_t>(row) * (cols / 32);
+      if constexpr (R == Recipe::kMx) {
+        if ((hl & 3) == 0) row_scales[c0 / 32 + hl / 4] = static_cast<uint8_t>(s.stored);
+      } else {
+        if (hl == 0) reinterpret_cast<uint32_t*>(row_scales)[c0 / 128] = s.stored;
+      }
     }
   }
 }
@@ -56,7 +104,7 @@ cudaError_t launch_quantize_rows(const T* src, int64_t ld, const int* gather, in
                                  int num_sms, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   quantize_rows_kernel<T, R>
-      <<<num_sms * 8, 256, 0, stream>>>(src, ld, gather, rows, rows_limit, cols, out, scales);
+      <<<num_sms * 4, 256, 0, stream>>>(src, ld, gather, rows, rows_limit, cols, out, scales);
   return cudaGetLastError();
 }
 
@@ -94,21 +142,21 @@ __global__ void __launch_bounds__(256)
   __syncthreads();
   constexpr int kVec = 16 / sizeof(T);      // elements per 16-byte load
   constexpr int kPerRow = kSegCols / kVec;  // loads per tile row
-  for (int i = tid; i < kSegRows * kPerRow; i += 256) {
-    const int r = i / kPerRow, v = i % kPerRow;
-    float f[kVec];
+  constexpr int kLoads = kSegRows * kPerRow / 256;
+  uint4 raw[kLoads];  // every load issued before the first store (the pass is memory-bound)
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) {
+    const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
     const int64_t row = src_row[r];
-    if (row >= 0) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(src + row * ld + c0 + v * kVec);
-      const T* e = reinterpret_cast<const T*>(&raw);
+    raw[l] = row >= 0 ? *reinterpret_cast<const uint4*>(src + row * ld + c0 + v * kVec)
+                      : make_uint4(0u, 0u, 0u, 0u);
+  }
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) f[j] = to_float(e[j]);
-    } else {
+  for (int l = 0; l < kLoads; ++l) {
+    const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
+    const T* e = reinterpret_cast<const T*>(&raw[l]);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) f[j] = 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) tile[r][v * kVec + j] = f[j];
+    for (int j = 0; j < kVec; ++j) tile[r][v * kVec + j] = to_float(e[j]);
   }
   __syncthreads();
   const int c = tid >> 2, q = tid & 3;
@@ -154,27 +202,34 @@ cudaError_t launch_quantize_segments(const T* src, int64_t ld, const int* gather
 
 // ------------------------------------------------------------------ expert weights
 // w [E][A][B] (B contiguous; A and B multiples of 128), one 128 x 128 tile (rows a0.., columns
-// b0..) per CTA, staged once in shared memory as float32 and written in each requested layout:
+// b0..) per CTA, staged once in shared memory in w's own dtype and written in each requested
+// layout:
 //   along A (the forward's reduction: w_gate_up along H, w_down along F): values [E][B][A],
 //     scales mxfp8 [E][B][A/32] (E8M0), fp8_block [E][B/128][A/128] (float32);
 //   along B (the backward's): values [E][A][B], scales mxfp8 [E][A][B/32], fp8_block
 //     [E][A/128][B/128].
 // fp8_block: the tile is one 128 x 128 scale block, so both layouts hold the same values and
 // scale. mxfp8: blocks of 32 down a column (along A) and along a row (along B) of the tile.
-// Bytes: the weight read once, one E4M3 byte per element per layout written.
+// Bytes: the weight read once, one E4M3 byte per element per layout written. The tile stays in
+// w's dtype (34 KB for bf16) so that six CTAs share an SM and one's loads overlap another's
+// stores.
 struct QuantizedOut {
   uint8_t* values = nullptr;  // nullptr: this layout is not written
   uint8_t* scales = nullptr;
 };
-constexpr int kWTile = 128, kWTileLd = kWTile + 4;  // float32 row stride: 16-byte aligned rows
-constexpr size_t kWeightSmemBytes = sizeof(float) * kWTile * kWTileLd;
+constexpr int kWTile = 128;
+template <class T>
+constexpr int kWTileLd = kWTile + 16 / sizeof(T);  // row stride (elements): 16-byte aligned rows
+template <class T>
+constexpr size_t kWeightSmemBytes = sizeof(T) * kWTile * kWTileLd<T>;
 
 template <class T, Recipe R>
 __global__ void __launch_bounds__(256)
     quantize_weight_kernel(const T* __restrict__ w, int64_t a_dim, int64_t b_dim,
                            QuantizedOut along_a, QuantizedOut along_b) {
-  extern __shared__ float4 weight_tile_raw[];
-  float* tile = reinterpret_cast<float*>(weight_tile_raw);  // [128][kWTileLd]
+  constexpr int kLd = kWTileLd<T>;
+  extern __shared__ uint4 weight_tile_raw[];
+  T* tile = reinterpret_cast<T*>(weight_tile_raw);  // [128][kLd]
   __shared__ float warp_amax[8];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t tiles_b = b_dim / kWTile, tiles_a = a_dim / kWTile;
@@ -182,7 +237,8 @@ __global__ void __launch_bounds__(256)
   const int64_t e = blockIdx.x / (tiles_b * tiles_a);
   const int64_t a0 = ta * kWTile, b0 = tb * kWTile;
 
-  // Stage the tile: 16-byte loads, every one issued before the first store.
+  // Stage the tile: 16-byte loads, every one issued before the first store; a quarter-warp
+  // stores 128 contiguous bytes of one row (no bank conflicts).
   constexpr int kVec = 16 / sizeof(T), kChunks = kWTile / kVec, kPerThread = kWTile * kChunks / 256;
   const T* src = w + (e * a_dim + a0) * b_dim + b0;
   uint4 raw[kPerThread];
@@ -195,17 +251,12 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     const int i = tid + 256 * j, r = i / kChunks, c = (i % kChunks) * kVec;
-    const T* el = reinterpret_cast<const T*>(&raw[j]);
-    float f[kVec];
+    *reinterpret_cast<uint4*>(tile + r * kLd + c) = raw[j];
+    if constexpr (R == Recipe::kBlock) {
+      const T* el = reinterpret_cast<const T*>(&raw[j]);
 #pragma unroll
-    for (int v = 0; v < kVec; ++v) {
-      f[v] = to_float(el[v]);
-      if constexpr (R == Recipe::kBlock) m = amax_combine(m, f[v]);
+      for (int v = 0; v < kVec; ++v) m = amax_combine(m, to_float(el[v]));
     }
-#pragma unroll
-    for (int v = 0; v < kVec; v += 4)
-      *reinterpret_cast<float4*>(tile + r * kWTileLd + c + v) =
-          make_float4(f[v], f[v + 1], f[v + 2], f[v + 3]);
   }
   BlockScale tile_scale;
   if constexpr (R == Recipe::kBlock) {
@@ -229,11 +280,12 @@ __global__ void __launch_bounds__(256)
     }
   }
 
-  // Along B: a warp per tile row, lane l holding columns 4l..4l+3 (a 16-byte read of the row);
-  // mxfp8 blocks are 8 lanes.
+  // Along B: a warp per tile row, lane l holding columns 4l..4l+3; mxfp8 blocks are 8 lanes.
   if (along_b.values) {
     for (int r = warp; r < kWTile; r += 8) {
-      const float4 v = *reinterpret_cast<const float4*>(tile + r * kWTileLd + 4 * lane);
+      const T* row_in = tile + r * kLd + 4 * lane;
+      const float4 v = make_float4(to_float(row_in[0]), to_float(row_in[1]), to_float(row_in[2]),
+                                   to_float(row_in[3]));
       BlockScale s = tile_scale;
       if constexpr (R == Recipe::kMx) {
         float bm = amax_combine(amax_combine(amax_combine(amax_combine(0.f, v.x), v.y), v.z), v.w);
@@ -267,7 +319,7 @@ __global__ void __launch_bounds__(256)
       const int q = (tid >> 7) + 2 * pass;
       float col[32];
 #pragma unroll
-      for (int j = 0; j < 32; ++j) col[j] = tile[(32 * q + j) * kWTileLd + c];
+      for (int j = 0; j < 32; ++j) col[j] = to_float(tile[(32 * q + j) * kLd + c]);
       BlockScale s = tile_scale;
       if constexpr (R == Recipe::kMx) {
         float bm = 0.f;
@@ -299,11 +351,11 @@ cudaError_t launch_quantize_weight(const T* w, int64_t experts, int64_t a_dim, i
   const int64_t tiles = experts * (a_dim / kWTile) * (b_dim / kWTile);
   if (tiles == 0) return cudaSuccess;
   auto* kernel = quantize_weight_kernel<T, R>;
+  constexpr size_t smem = kWeightSmemBytes<T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kWeightSmemBytes));
+                                         static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(tiles), 256, kWeightSmemBytes, stream>>>(w, a_dim, b_dim, along_a,
-                                                                          along_b);
+  kernel<<<static_cast<unsigned>(tiles), 256, smem, stream>>>(w, a_dim, b_dim, along_a, along_b);
   return cudaGetLastError();
 }
 
