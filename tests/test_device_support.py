@@ -15,10 +15,11 @@ import pytest
 
 import jax_mok
 from jax_mok import __main__ as cli
-from jax_mok import api, fp8, testing
+from jax_mok import api, testing
 from jax_mok.ep import pack, workspace
 from jax_mok.kernels import _ffi, autodiff
-from jax_mok.kernels import fp8 as kernels_fp8
+from jax_mok.quantization import cuda as kernels_fp8
+from jax_mok.quantization import layer as fp8
 
 CONFIG = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=16, ffn_size=8)
 

@@ -158,13 +158,25 @@ def forward_backward_prepared(ids, dy, recipe: str):
     return jax.jit(step)
 
 
-def _fp8_times(recipe: str, name: str, x, ids, w, wgu, wd, dy) -> dict[str, float]:
+FP8_RUNS = ("fwd", "pq", "fwdbwd", "prep", "fwd_prep", "fwdbwd_prep")
+
+
+def _peak_gb() -> float:
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use", 0) / 1e9
+
+
+def _fp8_times(recipe: str, name: str, x, ids, w, wgu, wd, dy,
+               runs=FP8_RUNS) -> dict[str, float]:
     """Median seconds of the FP8 forward, the forward on pre-quantized weights, fwd+bwd, and
     with prepared weights (``fp8_weights``) the forward and fwd+bwd, plus the preparation
     (NaN for a run that failed, e.g. out of memory: the other runs still count)."""
     out = {}
     prepared = None
-    for label in ("fwd", "pq", "fwdbwd", "prep", "fwd_prep", "fwdbwd_prep"):
+    for label in FP8_RUNS:
+        if label not in runs and not (label == "prep" and {"fwd_prep", "fwdbwd_prep"} & set(runs)):
+            out[label] = float("nan")
+            continue
         try:
             if label == "fwd":
                 out[label] = median_s(forward(ids, recipe), x, w, wgu, wd, n=10)
@@ -187,11 +199,13 @@ def _fp8_times(recipe: str, name: str, x, ids, w, wgu, wd, dy) -> dict[str, floa
         except Exception as e:  # noqa: BLE001 - reported, the other rows still count
             print(f"{name} {recipe}: {label} failed: {str(e)[:300]}")
             out[label] = float("nan")
+        print(f"{name} {recipe}: after {label}: peak device memory {_peak_gb():.1f} GB",
+              flush=True)
     del prepared
     return out
 
 
-def timings_fp8(shapes: list[str], recipes: list[str]) -> None:
+def timings_fp8(shapes: list[str], recipes: list[str], runs=FP8_RUNS) -> None:
     """Per shape and recipe: forward (weights quantized inside the layer from bf16), forward
     with pre-quantized weights (``jax_mok.quantize_params``) and fwd+bwd, against the FP8
     matmul ceiling."""
@@ -204,7 +218,7 @@ def timings_fp8(shapes: list[str], recipes: list[str]) -> None:
         flops = testing.SHAPES[name].forward_flops()
         for recipe in recipes:
             path = fp8_path(ids, recipe, x, w, wgu, wd)
-            t = _fp8_times(recipe, name, x, ids, w, wgu, wd, dy)
+            t = _fp8_times(recipe, name, x, ids, w, wgu, wd, dy, runs)
             rows.append((name, recipe, path, t, flops))
             print(f"{name} {recipe} ({path}): " + " | ".join(
                 f"{k} {v * 1e3:.3f} ms" for k, v in t.items()), flush=True)
@@ -333,6 +347,8 @@ def main() -> None:
     ap.add_argument("what", choices=("timings", "profile", "forward", "compare", "quantizers"))
     ap.add_argument("files", nargs="*", help="compare: two profile outputs")
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
+    ap.add_argument("--fp8-runs", default=",".join(FP8_RUNS),
+                    help=f"timings of the FP8 layer: a comma list from {FP8_RUNS}")
     ap.add_argument("--quantization", default="none",
                     help=f"comma list from {QUANTIZATIONS} (profile / forward: one value)")
     args = ap.parse_args()
@@ -359,7 +375,7 @@ def main() -> None:
             timings(shapes)
         recipes = [q for q in quantizations if q != "none"]
         if recipes:
-            timings_fp8(shapes, recipes)
+            timings_fp8(shapes, recipes, args.fp8_runs.split(","))
     elif args.what == "profile":
         profile(shapes, quantizations[0])
     else:

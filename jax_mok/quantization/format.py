@@ -204,30 +204,69 @@ def mx_dequantize_values(values: jax.Array, e: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _div_rn(num: jax.Array, den: jax.Array) -> jax.Array:
+    """``num / den`` rounded to nearest even as IEEE float32 division does, from integer
+    arithmetic: XLA does not give the correctly rounded quotient everywhere (constant and
+    broadcast divisors become reciprocal multiplications, and XLA:GPU's division differs near
+    ties; seen on an H200). ``num`` float32 zero or normal, ``den`` positive normal float32 (both
+    finite); a quotient below 2**-126 gives ``+-0`` (its callers round such values to E4M3's zero,
+    or compare them with 2**-117)."""
+    nb = jax.lax.bitcast_convert_type(num, jnp.int32)
+    db = jax.lax.bitcast_convert_type(den, jnp.int32)
+    sign = nb & jnp.int32(-0x80000000)
+    na = nb & 0x7FFFFFFF
+    n_sig = (na & _MANTISSA) | 0x800000  # 24-bit significands
+    d_sig = (db & _MANTISSA) | 0x800000
+    exponent = jax.lax.shift_right_logical(na, 23) - jax.lax.shift_right_logical(db, 23)
+    # floor(n_sig * 2**28 / d_sig) by long division, 7 bits a step (remainder << 7 < 2**31).
+    quotient = jnp.zeros_like(na)
+    remainder = n_sig
+    for _ in range(4):
+        remainder = remainder << 7
+        quotient = (quotient << 7) | jax.lax.div(remainder, d_sig)
+        remainder = jax.lax.rem(remainder, d_sig)
+    # n_sig / d_sig in [1, 2): quotient in [2**28, 2**29), keep its top 24 bits (shift 5); in
+    # (1/2, 1): [2**27, 2**28), shift 4 and one less in the exponent.
+    big = quotient >= (1 << 28)
+    shift = jnp.where(big, 5, 4)
+    exponent = exponent + jnp.where(big, 127, 126)  # biased
+    keep = jax.lax.shift_right_logical(quotient, shift)
+    dropped = quotient & (jax.lax.shift_left(jnp.int32(1), shift) - 1)
+    half = jax.lax.shift_left(jnp.int32(1), shift - 1)
+    up = (dropped > half) | ((dropped == half) & ((remainder != 0) | ((keep & 1) == 1)))
+    keep = keep + up.astype(jnp.int32)
+    carry = keep >= (1 << 24)  # rounded up to the next power of two
+    keep = jnp.where(carry, 1 << 23, keep)
+    exponent = exponent + carry.astype(jnp.int32)
+    bits = (exponent << 23) | (keep & _MANTISSA)
+    bits = jnp.where((na == 0) | (exponent < 1), 0, bits) | sign
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def block_scale(amax_bits: jax.Array) -> jax.Array:
     """float32 fp8_block scale of blocks with ``|amax|`` bits ``amax_bits`` (NaN if non-finite)."""
-    amax = jax.lax.bitcast_convert_type(amax_bits, jnp.float32)
     nonfinite = amax_bits >= NONFINITE_BITS
-    # A data-dependent divisor: XLA rewrites division by a constant into multiplication by its
-    # rounded reciprocal, which is not the correctly rounded quotient.
-    divisor = jnp.where(nonfinite, jnp.float32(jnp.nan), jnp.float32(E4M3_MAX))
-    quotient = amax / divisor
-    return jnp.where(nonfinite | (quotient >= MIN_BLOCK_SCALE), quotient, jnp.float32(1.0))
+    # A subnormal amax (exponent field 0) has a quotient far below 2**-117: scale 1 either way.
+    normal = jnp.where((amax_bits >> 23) > 0, amax_bits, 0)
+    amax = jax.lax.bitcast_convert_type(normal, jnp.float32)
+    quotient = _div_rn(amax, jnp.full_like(amax, E4M3_MAX))
+    nan = jax.lax.bitcast_convert_type(jnp.int32(_F32_NAN_BITS), jnp.float32)
+    return jnp.where(nonfinite, nan,
+                     jnp.where(quotient >= MIN_BLOCK_SCALE, quotient, jnp.float32(1.0)))
 
 
 def block_values(x32: jax.Array, scale: jax.Array) -> jax.Array:
     """E4M3 values ``RNE(clip(x32 / scale))`` (``scale`` broadcast to ``x32``; NaN scale ->
     NaN values)."""
     subnormal, mantissa, negative = _split_subnormal(x32)
-    # The divisor as a full elementwise array: XLA rewrites division by a broadcast into
-    # multiplication by a rounded reciprocal, which is not the correctly rounded quotient.
-    divisor = jnp.where(mantissa < 0, jnp.float32(1.0), scale)  # mantissa >= 0: always scale
-    normal_part = x32 / divisor
+    nan_scale = jnp.isnan(scale)
+    divisor = jnp.broadcast_to(jnp.where(nan_scale, jnp.float32(1.0), scale), x32.shape)
+    normal_part = _div_rn(jnp.where(subnormal, jnp.float32(0.0), x32), divisor)
     # Subnormal x = (mantissa * 2**-24) * 2**-125: dividing the normal first factor rounds once,
     # and the power-of-two factor is exact wherever the result can reach E4M3's range.
-    sub_part = (mantissa * jnp.float32(2.0**-24)) / divisor * jnp.float32(2.0**-125)
+    sub_part = _div_rn(mantissa * jnp.float32(2.0**-24), divisor) * jnp.float32(2.0**-125)
     sub_part = jnp.where(negative, -sub_part, sub_part)
-    return _cast_e4m3(jnp.where(subnormal, sub_part, normal_part), jnp.isnan(scale))
+    return _cast_e4m3(jnp.where(subnormal, sub_part, normal_part), nan_scale)
 
 
 def block_dequantize_values(values: jax.Array, scale: jax.Array) -> jax.Array:
