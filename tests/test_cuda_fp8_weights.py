@@ -20,16 +20,9 @@ pytestmark = pytest.mark.gpu
 RECIPES = ("mxfp8", "fp8_block")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cuda_backend():
-    import os
-
-    from jax_mok.kernels import _ffi
-
-    if _ffi.cuda_module() is None:
-        if os.environ.get("JAX_MOK_REQUIRE_CUDA") == "1":
-            pytest.fail("JAX_MOK_REQUIRE_CUDA=1 but jax_mok._mok_cuda is not built")
-        pytest.skip("jax_mok._mok_cuda is not built")
+# The FP8 kernel tests' check for the CUDA build (an autouse fixture: skips, or fails with
+# JAX_MOK_REQUIRE_CUDA=1, where jax_mok._mok_cuda is not built).
+from test_cuda_fp8 import _cuda_backend  # noqa: E402, F401
 
 
 def _weights(rng, shape, dtype):
