@@ -6,6 +6,8 @@
                                                                   # per-phase device times
     python3 tools/kernel_timings.py forward --shapes S3            # one forward (under ncu)
     python3 tools/kernel_timings.py compare A.txt B.txt           # two profile outputs, per phase
+    python3 tools/kernel_timings.py compile --quantization none,fp8_block  # compile seconds
+    python3 tools/kernel_timings.py quantizers --quantization fp8_block    # the quantizers' GB/s
     python3 tools/kernel_timings.py timings --quantization fp8_block,mxfp8   # the FP8 layer:
         # fwd (weights quantized inside), fwd with pre-quantized weights, fwd+bwd; against the
         # FP8 matmul ceiling. ``profile`` / ``forward`` take --quantization too (one recipe).
@@ -23,6 +25,7 @@ import argparse
 import functools
 import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -237,6 +240,34 @@ def timings_fp8(shapes: list[str], recipes: list[str], runs=FP8_RUNS) -> None:
               f"{100 * bp / ceil:.0f} |")
 
 
+def compile_times(shapes: list[str], quantizations: list[str]) -> None:
+    """Seconds to lower and compile the layer's forward and forward+backward per shape (the
+    operands as shapes only: nothing is allocated or run), and the ratio to bf16's: issue 21
+    asks the FP8 layer's compile time to stay within 2x of the BF16 layer's."""
+    print("| shape | layer | fwd compile s | fwd+bwd compile s | fwd+bwd vs bf16 |")
+    print("|---|---|---|---|---|")
+    for name in shapes:
+        sh = testing.SHAPES[name]
+        T, H, F, E, k = sh.tokens, sh.hidden, sh.ffn, sh.experts, sh.top_k
+        ids = jnp.tile(jnp.arange(k, dtype=jnp.int32), (T, 1)) % E
+        args = (jax.ShapeDtypeStruct((T, H), jnp.bfloat16),
+                jax.ShapeDtypeStruct((T, k), jnp.float32),
+                jax.ShapeDtypeStruct((E, H, 2 * F), jnp.bfloat16),
+                jax.ShapeDtypeStruct((E, F, H), jnp.bfloat16))
+        dy = jnp.zeros((T, H), jnp.bfloat16)
+        base = None
+        for q in quantizations:
+            seconds = []
+            for fn in (forward(ids, q), forward_backward(ids, dy, quantization=q)):
+                t0 = time.perf_counter()
+                fn.lower(*args).compile()
+                seconds.append(time.perf_counter() - t0)
+            base = seconds[1] if q == "none" else base
+            ratio = f"{seconds[1] / base:.2f}x" if base and q != "none" else ""
+            print(f"| {name} | {'bf16' if q == 'none' else q} | {seconds[0]:.2f} | "
+                  f"{seconds[1]:.2f} | {ratio} |", flush=True)
+
+
 def quantizers(shapes: list[str], recipes: list[str]) -> None:
     """Bandwidth of the CUDA quantizers (bytes read + written / median time) against the HBM
     copy: the expert weights in one pass (both layouts, and the forward's alone), x's rows."""
@@ -344,7 +375,8 @@ def compare(first: str, second: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("timings", "profile", "forward", "compare", "quantizers"))
+    ap.add_argument("what", choices=("timings", "profile", "forward", "compare", "quantizers",
+                                     "compile"))
     ap.add_argument("files", nargs="*", help="compare: two profile outputs")
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
     ap.add_argument("--fp8-runs", default=",".join(FP8_RUNS),
@@ -368,7 +400,9 @@ def main() -> None:
     unknown = [s for s in shapes if s not in testing.SHAPES]
     if unknown:
         ap.error(f"--shapes: unknown {unknown}; expected names from {sorted(testing.SHAPES)}")
-    if args.what == "quantizers":
+    if args.what == "compile":
+        compile_times(shapes, quantizations)
+    elif args.what == "quantizers":
         quantizers(shapes, [q for q in quantizations if q != "none"] or ["fp8_block"])
     elif args.what == "timings":
         if "none" in quantizations:
