@@ -91,32 +91,29 @@ def test_e2e_prepared_variant_needs_fp8_weights(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_e2e_prepared_variant_passes_fp8_weights(tmp_path, monkeypatch):
-    """With a stand-in jax_mok.fp8_weights (and a jax_mok.moe taking fp8_weights=), the
-    prepared variant computes the weights once per step for every layer and hands each layer
-    its own to jax_mok.moe."""
+    """The prepared variant makes the FP8 weights once per step for every layer (one traced call
+    of jax_mok.fp8_weights, vmapped over the stacked layers, from the bf16 compute dtype) and
+    trains exactly like the variant that quantizes in every call: the same losses."""
+    import jax.numpy as jnp
+
     import jax_mok
 
-    real_moe = jax_mok.moe
-    prepared, received = [], []
+    real = jax_mok.fp8_weights
+    calls = []
 
-    def fake_fp8_weights(params):
-        prepared.append(params.w_gate_up.shape)  # per layer: the step vmaps over the layers
-        return {"w_gate_up": params.w_gate_up.astype("bfloat16"),
-                "w_down": params.w_down.astype("bfloat16")}
+    def counting_fp8_weights(params, **kwargs):
+        calls.append((params.w_gate_up.shape, jnp.dtype(kwargs.get("dtype")).name))
+        return real(params, **kwargs)
 
-    def fake_moe(x, params, *, fp8_weights=None, **kwargs):
-        received.append(None if fp8_weights is None else fp8_weights["w_gate_up"].shape)
-        return real_moe(x, params, **kwargs)
-
-    monkeypatch.setattr(jax_mok, "fp8_weights", fake_fp8_weights, raising=False)
-    monkeypatch.setattr(jax_mok, "moe", fake_moe)
-    result = _run(tmp_path, "--variants", "jax_mok_fp8_block_prepared")
+    monkeypatch.setattr(jax_mok, "fp8_weights", counting_fp8_weights)
+    result = _run(tmp_path, "--variants", "jax_mok_fp8_block,jax_mok_fp8_block_prepared")
     _check(result, tmp_path)
+    plain = result["variants"]["jax_mok_fp8_block"]
     record = result["variants"]["jax_mok_fp8_block_prepared"]
     assert record["quantization"] == "fp8_block" and record["fp8_weights_per_step"]
     E, H, F = (result["config"][k] for k in ("experts", "hidden", "ffn"))
-    assert prepared == [(E, H, 2 * F)]  # traced once: one call per step, vmapped over layers
-    assert received and set(received) == {(E, H, 2 * F)}
+    assert calls == [((E, H, 2 * F), "bfloat16")]  # traced once: vmapped over the layers
+    assert record["losses"] == plain["losses"]
 
 
 @pytest.mark.slow
