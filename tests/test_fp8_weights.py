@@ -84,9 +84,10 @@ def test_layouts_are_the_quantizers_bits():
 
 
 def _weight_sized_fp8(jaxpr, sizes) -> int:
-    """Quantizations of a weight-sized tensor at any depth: conversions to float8 (XLA's
-    quantizer; the dequantizers only reshape FP8 arrays) and calls of the CUDA weight quantizer
-    (``mok_quantize_weight*``) whose output has one of ``sizes`` elements."""
+    """Quantizations of a weight-sized tensor at any depth: conversions or bit casts to float8
+    (jax_mok.quantization's E4M3 rounding ends in a bit cast from uint8; the dequantizers only
+    reshape FP8 arrays) and calls of the CUDA weight quantizer (``mok_quantize_weight*``) whose
+    output has one of ``sizes`` elements."""
     count = 0
     for eqn in jaxpr.eqns:
         for value in eqn.params.values():  # nested jaxprs: pjit, custom_vjp, scan, ...
@@ -95,7 +96,7 @@ def _weight_sized_fp8(jaxpr, sizes) -> int:
                 inner = getattr(v, "jaxpr", v)
                 if hasattr(inner, "eqns"):
                     count += _weight_sized_fp8(inner, sizes)
-        quantizer = eqn.primitive.name == "convert_element_type" or (
+        quantizer = eqn.primitive.name in ("convert_element_type", "bitcast_convert_type") or (
             eqn.primitive.name == "ffi_call"
             and str(eqn.params.get("target_name", "")).startswith("mok_quantize_weight"))
         if not quantizer:
