@@ -322,19 +322,22 @@ def fp8_forward(x_q, topk_ids, topk_weights, w_gate_up_q, w_down_q, recipe: str,
 def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_down_bwd,
                  w_gate_up_bwd, h, recipe: str):
     """``mok_moe_bwd_fp8`` (``h`` given: ``mok_moe_bwd_saved_fp8``) -> ``(dx [T, H],
-    d_topk_weights [T, k] f32, d_w_gate_up [E, H, 2F], d_w_down [E, F, H])`` in dy's dtype."""
-    E, two_f, H = w_gate_up_fwd[0].shape
+    d_topk_weights [T, k] f32, d_w_gate_up [E, H, 2F], d_w_down [E, F, H])`` in dy's dtype.
+    ``w_gate_up_fwd`` (the forward's layout) recomputes h; with ``h`` given it is not read and may
+    be None, so that a caller need not keep it alive until the backward."""
+    E, H, two_f = w_gate_up_bwd[0].shape
     T, k = topk_ids.shape
     dtype = dy.dtype
     outs = (jax.ShapeDtypeStruct((T, H), dtype), jax.ShapeDtypeStruct((T, k), jnp.float32),
             jax.ShapeDtypeStruct((E, H, two_f), dtype),
             jax.ShapeDtypeStruct((E, two_f // 2, H), dtype))
-    operands = [dy, *dy_q, x2d, *x_q, topk_ids, topk_weights, *w_gate_up_fwd, *w_down_bwd,
-                *w_gate_up_bwd]
+    head = [dy, *dy_q, x2d, *x_q, topk_ids, topk_weights]
     code = np.int32(FP8_RECIPES[recipe])
     if h is not None:
-        return _call("mok_moe_bwd_saved_fp8", outs, *operands, h, attrs={"recipe": code})
-    return _call("mok_moe_bwd_fp8", outs, *operands, attrs={"recipe": code})
+        return _call("mok_moe_bwd_saved_fp8", outs, *head, *w_down_bwd, *w_gate_up_bwd, h,
+                     attrs={"recipe": code})
+    return _call("mok_moe_bwd_fp8", outs, *head, *w_gate_up_fwd, *w_down_bwd, *w_gate_up_bwd,
+                 attrs={"recipe": code})
 
 
 def quantize_rows(x, recipe: str):

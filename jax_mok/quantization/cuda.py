@@ -75,7 +75,8 @@ def _cuda_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, save):
     wgu, wgu_t = targets.quantize_weight_both(w_gate_up, recipe)  # [E,2F,H] / [E,H,2F]
     wd, wd_t = targets.quantize_weight_both(w_down, recipe)  # [E,H,F] / [E,F,H]
     y, h = targets.fp8_forward(x_q, topk_ids, topk_weights, wgu, wd, recipe, x2d.dtype, save)
-    return y, (x2d, x_q, topk_ids, topk_weights, wgu, wd_t, wgu_t, h)
+    # The forward's gate/up layout is a residual only for recomputing h (S4: 16 GB less held).
+    return y, (x2d, x_q, topk_ids, topk_weights, None if save else wgu, wd_t, wgu_t, h)
 
 
 def _backward(recipe, residuals, dy):
@@ -118,7 +119,7 @@ def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, reci
     wgu = _pair(prepared.gate_up)
     y, h = targets.fp8_forward(x_q, topk_ids, topk_weights, wgu, _pair(prepared.down), recipe,
                                x2d.dtype, save)
-    return y, (x2d, x_q, topk_ids, topk_weights, wgu, _pair(prepared.down_t),
+    return y, (x2d, x_q, topk_ids, topk_weights, None if save else wgu, _pair(prepared.down_t),
                _pair(prepared.gate_up_t), h)
 
 

@@ -39,36 +39,66 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
     // by the forward, x's dtype):
     //   a = silu(hg) hu,  d_w += <g, a>,  d_a = w g,  dh_gate = d_a hu silu'(hg),  dh_up = d_a
     //   silu(hg)
+    // A thread holds two rows (frag_row(0, t) and frag_row(2, t)): their routing weights are
+    // loaded once. h is read in batches of kBatch pairs, every load of a batch issued before its
+    // first store: the outputs may alias h as far as the compiler knows, so a load placed after a
+    // store waits for it, and pair by pair the epilogue would pay one memory latency per pair.
     const int F = p.N;
+    const T* h = static_cast<const T*>(p.h);
+    T* dh = static_cast<T*>(p.out);
+    T* aw_out = static_cast<T*>(p.out2);
+    float wt[2];
+    int64_t pos[2];
+    bool row_ok[2];
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int r = row_base + frag_row(2 * rh, t);
+      row_ok[rh] = r < w.rows;
+      pos[rh] = w.row0 + r;
+      wt[rh] = row_ok[rh] ? p.topk_weights[p.sorted_slot[pos[rh]]] : 0.f;
+    }
     float dw_rows[2] = {0.f, 0.f};
+    constexpr int kBatch = 8;  // pairs per batch (32 registers of h)
+    static_assert(kValues % (2 * kBatch) == 0, "whole batches");
 #pragma unroll
-    for (int i = 0; i < kValues; i += 2) {
-      const int r = row_base + frag_row(i, t);
-      const int f = w.n_tile * BN + frag_col(i, t);
-      if (r >= w.rows || f >= F) continue;
-      const int64_t pos = w.row0 + r;
-      const float wt = p.topk_weights[p.sorted_slot[pos]];
-      const T* h = static_cast<const T*>(p.h) + pos * 2 * F;
-      const float2 hg = load2(h + f);
-      const float2 hu = load2(h + F + f);
-      float dg[2], du[2], aw[2];
-      const float gv[2] = {acc(i), acc(i + 1)};
-      const float hgv[2] = {hg.x, hg.y}, huv[2] = {hu.x, hu.y};
+    for (int i0 = 0; i0 < kValues; i0 += 2 * kBatch) {
+      float2 hg[kBatch], hu[kBatch];
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const float s = sigmoidf(hgv[q]);
-        const float silu = hgv[q] * s;
-        const float a = silu * huv[q];
-        dw_rows[(i >> 1) & 1] += gv[q] * a;
-        const float da = wt * gv[q];
-        dg[q] = da * huv[q] * s * (1.f + hgv[q] * (1.f - s));
-        du[q] = da * silu;
-        aw[q] = wt * a;
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + 2 * b, rh = (i >> 1) & 1;
+        const int f = w.n_tile * BN + frag_col(i, t);
+        if (row_ok[rh] && f < F) {  // F is even: a pair is wholly in or out
+          const T* hrow = h + pos[rh] * 2 * F;
+          hg[b] = load2(hrow + f);
+          hu[b] = load2(hrow + F + f);
+        } else {
+          hg[b] = hu[b] = make_float2(0.f, 0.f);
+        }
       }
-      T* dh = static_cast<T*>(p.out) + pos * 2 * F;
-      store2(dh + f, dg[0], dg[1]);
-      store2(dh + F + f, du[0], du[1]);
-      store2(static_cast<T*>(p.out2) + pos * F + f, aw[0], aw[1]);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + 2 * b, rh = (i >> 1) & 1;
+        const int f = w.n_tile * BN + frag_col(i, t);
+        if (!row_ok[rh] || f >= F) continue;
+        float dg[2], du[2], aw[2];
+        const float gv[2] = {acc(i), acc(i + 1)};
+        const float hgv[2] = {hg[b].x, hg[b].y}, huv[2] = {hu[b].x, hu[b].y};
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const float s = sigmoidf(hgv[q]);
+          const float silu = hgv[q] * s;
+          const float a = silu * huv[q];
+          dw_rows[rh] += gv[q] * a;
+          const float da = wt[rh] * gv[q];
+          dg[q] = da * huv[q] * s * (1.f + hgv[q] * (1.f - s));
+          du[q] = da * silu;
+          aw[q] = wt[rh] * a;
+        }
+        T* dh_row = dh + pos[rh] * 2 * F;
+        store2(dh_row + f, dg[0], dg[1]);
+        store2(dh_row + F + f, du[0], du[1]);
+        store2(aw_out + pos[rh] * F + f, aw[0], aw[1]);
+      }
     }
     // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
 #pragma unroll
@@ -76,10 +106,19 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       float s = dw_rows[rh];
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
-      const int r = row_base + frag_row(2 * rh, t);
-      if ((t & 3) == 0 && r < w.rows) p.dw_part[(int64_t)(w.row0 + r) * p.n_tiles + w.n_tile] = s;
+      if ((t & 3) == 0 && row_ok[rh]) p.dw_part[pos[rh] * p.n_tiles + w.n_tile] = s;
     }
   } else {
+    // kWeighted: the routing weights of the thread's two rows, loaded once (a load between the
+    // stores would wait for them: see kSwiGLUBwd).
+    float wt[2] = {1.f, 1.f};
+    if constexpr (kEpi == Epi::kWeighted) {
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const int r = row_base + frag_row(2 * rh, t);
+        wt[rh] = r < w.rows ? p.topk_weights[p.sorted_slot[w.row0 + r]] : 0.f;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kValues; i += 2) {
       const int r = row_base + frag_row(i, t);
@@ -87,8 +126,8 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       if (r >= w.rows || n >= p.N) continue;
       const int64_t row = w.row0 + r;
       if constexpr (kEpi == Epi::kWeighted) {
-        const float wt = p.topk_weights[p.sorted_slot[row]];
-        store2(static_cast<T*>(p.out) + row * p.ldo + n, wt * acc(i), wt * acc(i + 1));
+        const float s = wt[(i >> 1) & 1];
+        store2(static_cast<T*>(p.out) + row * p.ldo + n, s * acc(i), s * acc(i + 1));
       } else if constexpr (kEpi == Epi::kStoreRows) {
         store2(static_cast<T*>(p.out) + row * p.ldo + n, acc(i), acc(i + 1));
       } else {  // kStoreCast: dW_e[m, n], M × N per expert

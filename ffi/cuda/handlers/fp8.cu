@@ -9,7 +9,8 @@
 //                         w_gate_up_b [E,H,2F] + s
 //                         -> dx [T,H], d_topk_weights [T,k] f32, d_w_gate_up [E,H,2F],
 //                            d_w_down [E,F,H] (in dy's dtype); h recomputed
-//   mok_moe_bwd_saved_fp8 the same operands + h [T*k, 2F] from mok_moe_fwd_train_fp8
+//   mok_moe_bwd_saved_fp8 the same operands less w_gate_up_q and its scales (nothing recomputes
+//                         with them), + h [T*k, 2F] from mok_moe_fwd_train_fp8
 //   mok_quantize          x [R, C] (bf16 / f32) -> values [R, C] e4m3, scales (the recipe's)
 //   mok_quantize_weight   w [E, A, B] (bf16 / f32), attribute axis (1 or 2) -> values and scales
 //                         along that axis, reduction dim last: axis 1 [E, B, A], axis 2 [E, A, B]
@@ -164,8 +165,8 @@ ffi::Error MoeFwdTrainFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, in
 
 ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int32_t device,
                         AnyBuffer dy, AnyBuffer dy_q, AnyBuffer dy_s, AnyBuffer x, AnyBuffer x_q,
-                        AnyBuffer x_s, AnyBuffer ids, AnyBuffer w, AnyBuffer wgu_f,
-                        AnyBuffer wgu_fs, AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b,
+                        AnyBuffer x_s, AnyBuffer ids, AnyBuffer w, const AnyBuffer* wgu_f,
+                        const AnyBuffer* wgu_fs, AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b,
                         AnyBuffer wgu_bs, const AnyBuffer* h, ffi::Result<AnyBuffer> dx,
                         ffi::Result<AnyBuffer> d_w, ffi::Result<AnyBuffer> d_wgu,
                         ffi::Result<AnyBuffer> d_wd, int32_t recipe) {
@@ -178,8 +179,10 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
   MOK_RETURN_IF_ERROR(CheckDims("x", x, {T, H}, pr.dtype));
   MOK_RETURN_IF_ERROR(CheckQuantized("dy_q", dy_q, dy_s, recipe, {}, T, H, false, &op.dy_q));
   MOK_RETURN_IF_ERROR(CheckQuantized("x_q", x_q, x_s, recipe, {}, T, H, false, &op.x_q));
-  MOK_RETURN_IF_ERROR(
-      CheckQuantized("w_gate_up_q", wgu_f, wgu_fs, recipe, {E}, 2 * F, H, true, &op.w_gate_up_fwd));
+  // Recomputing h reads the forward's gate/up layout; with h saved it is not an operand.
+  if (!h)
+    MOK_RETURN_IF_ERROR(CheckQuantized("w_gate_up_q", *wgu_f, *wgu_fs, recipe, {E}, 2 * F, H, true,
+                                       &op.w_gate_up_fwd));
   MOK_RETURN_IF_ERROR(
       CheckQuantized("w_down_b", wd_b, wd_bs, recipe, {E}, F, H, true, &op.w_down_bwd));
   MOK_RETURN_IF_ERROR(
@@ -215,19 +218,19 @@ ffi::Error MoeBwdFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
                      AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b, AnyBuffer wgu_bs,
                      ffi::Result<AnyBuffer> dx, ffi::Result<AnyBuffer> d_w,
                      ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd, int32_t recipe) {
-  return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, wgu_f, wgu_fs,
+  return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, &wgu_f, &wgu_fs,
                       wd_b, wd_bs, wgu_b, wgu_bs, nullptr, dx, d_w, d_wgu, d_wd, recipe);
 }
 
 ffi::Error MoeBwdSavedFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
                           AnyBuffer dy, AnyBuffer dy_q, AnyBuffer dy_s, AnyBuffer x, AnyBuffer x_q,
-                          AnyBuffer x_s, AnyBuffer ids, AnyBuffer w, AnyBuffer wgu_f,
-                          AnyBuffer wgu_fs, AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b,
-                          AnyBuffer wgu_bs, AnyBuffer h, ffi::Result<AnyBuffer> dx,
+                          AnyBuffer x_s, AnyBuffer ids, AnyBuffer w, AnyBuffer wd_b,
+                          AnyBuffer wd_bs, AnyBuffer wgu_b, AnyBuffer wgu_bs, AnyBuffer h,
+                          ffi::Result<AnyBuffer> dx,
                           ffi::Result<AnyBuffer> d_w, ffi::Result<AnyBuffer> d_wgu,
                           ffi::Result<AnyBuffer> d_wd, int32_t recipe) {
-  return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, wgu_f, wgu_fs,
-                      wd_b, wd_bs, wgu_b, wgu_bs, &h, dx, d_w, d_wgu, d_wd, recipe);
+  return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, nullptr,
+                      nullptr, wd_b, wd_bs, wgu_b, wgu_bs, &h, dx, d_w, d_wgu, d_wd, recipe);
 }
 
 ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Result<AnyBuffer> values,
@@ -345,8 +348,11 @@ auto Fp8GradientRets(Binding&& b) {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdFp8Cuda, mok::cuda::fp8::MoeBwdFp8,
                               Fp8GradientRets(Fp8BackwardOperands()));
 
+// dy, dy_q, dy_s, x, x_q, x_s, topk_ids, topk_weights, w_down_b + scales, w_gate_up_b + scales,
+// h.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedFp8Cuda, mok::cuda::fp8::MoeBwdSavedFp8,
-                              Fp8GradientRets(Fp8BackwardOperands().Arg<xla::ffi::AnyBuffer>()));
+                              Fp8GradientRets(mok::AppendBuffers<13>(
+                                  mok::cuda::BindStreamScratchDevice())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeCuda, mok::cuda::fp8::Quantize,
                               mok::cuda::BindStreamDevice()
