@@ -12,9 +12,6 @@
 //                                                                   stderr (serializes the call)
 //   JAX_MOK_CPU_THREADS       an integer in [1, 1024]               CPU: worker threads (default:
 //                             (default: unset)                      the hardware threads, <= 64)
-//   JAX_MOK_CUDA_FP8_CLUSTER  1 or 2 (default: unset = 2)           CUDA: CTAs per cluster of the
-//                                                                   FP8 GEMMs (1: no multicast of
-//                                                                   B), for A/B measurement
 // An empty value counts as unset. Letter case is ignored in the boolean words.
 #pragma once
 
@@ -28,9 +25,8 @@ namespace mok::env {
 struct Settings {
   bool cuda_debug_sync = false;
   bool cuda_profile = false;
-  int cpu_threads = 0;       // 0: not set
-  int cuda_fp8_cluster = 0;  // 0: not set
-  std::string error;         // the first value that did not parse ("" when all did)
+  int cpu_threads = 0;  // 0: not set
+  std::string error;    // the first value that did not parse ("" when all did)
 };
 
 namespace detail {
@@ -85,7 +81,6 @@ inline const Settings& Get() {
     detail::ReadBool("JAX_MOK_CUDA_DEBUG_SYNC", &s.cuda_debug_sync, &s.error);
     detail::ReadBool("JAX_MOK_CUDA_PROFILE", &s.cuda_profile, &s.error);
     detail::ReadInt("JAX_MOK_CPU_THREADS", 1, 1024, &s.cpu_threads, &s.error);
-    detail::ReadInt("JAX_MOK_CUDA_FP8_CLUSTER", 1, 2, &s.cuda_fp8_cluster, &s.error);
     return s;
   }();
   return settings;

@@ -21,14 +21,6 @@
 //   producer (one conversion per row and k32 step, instead of one per accumulator element in the
 //   consumers, whose promotion already binds mxfp8 and whose registers are full).
 //
-//   Clusters of two CTAs (kCluster = 2) work on two m-tiles of one (expert, n-tile) at a time and
-//   share B: each CTA loads half of B's boxes by TMA multicast into both CTAs' shared memory, so
-//   a stage moves 32 KB from L2 per CTA instead of 48 KB (the gate/up GEMM is bound by L2
-//   throughput otherwise). A stage is free for the next multicast once the consumers of both CTAs
-//   have released it (`empty` counts four arrivals, two of them remote). An expert with an odd
-//   number of m-tiles leaves the second CTA of its last pair an empty tile (no rows: its A is
-//   zero-filled and its epilogue stores nothing), which still takes part in the exchange.
-//
 //   Two tile shapes:
 //   kRoutedM  rows = expert-sorted positions (128-row tiles of one expert: mtile_prefix), B = that
 //             expert's weights, K = the full reduction dim. Epilogues as the BF16 path, plus
@@ -39,12 +31,10 @@
 //             expert's positions padded to a multiple of 128 (k_offset).
 #pragma once
 
-#include <algorithm>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
-#include "common/env.h"
 #include "cuda/device/epilogue.cuh"
 #include "cuda/device/fp8_format.cuh"
 #include "cuda/device/mainloop_sm90.cuh"  // producer_sync, store_rows_staged
@@ -98,70 +88,6 @@ struct Fp8GemmParams {
 template <TileShape kShape>
 constexpr Mode kScheduleOf = kShape == TileShape::kExpertK ? Mode::kRoutedK : Mode::kRoutedBN;
 
-// The cluster's work units: kCluster m-tiles of one (expert, n-tile); CTA `rank` takes the
-// rank-th. kRoutedM: s_units is the per-expert prefix of ceil(m-tiles / kCluster) (with one CTA,
-// mtile_prefix itself); kExpertK: every expert has ceil(m_tiles / kCluster) units per n-tile.
-// With kCluster = 1 this is the BF16 kernels' schedule (decode_tile) exactly.
-template <TileShape kShape, int kCluster>
-__device__ __forceinline__ int fp8_total_units(const Fp8GemmParams& p, const int* s_units) {
-  if constexpr (kShape == TileShape::kExpertK)
-    return p.experts * p.n_tiles * ((p.m_tiles + kCluster - 1) / kCluster);
-  else
-    return s_units[p.experts] * p.n_tiles;
-}
-
-template <TileShape kShape, int kCluster>
-__device__ __forceinline__ WorkTile fp8_decode_unit(const Fp8GemmParams& p, int unit, int rank,
-                                                    const int* s_units, const int* s_offset) {
-  WorkTile w;
-  if constexpr (kShape == TileShape::kExpertK) {
-    const int m_units = (p.m_tiles + kCluster - 1) / kCluster;
-    const int per_expert = m_units * p.n_tiles;
-    w.expert = unit / per_expert;
-    const int local = unit - w.expert * per_expert;
-    w.n_tile = local / m_units;
-    w.row0 = ((local - w.n_tile * m_units) * kCluster + rank) * kTileM;
-    w.rows = min(kTileM, p.M - w.row0);  // <= 0: the pair's empty tile
-    w.k_off = s_offset[w.expert];
-    w.k_len = s_offset[w.expert + 1] - w.k_off;
-  } else {
-    int lo = 0, hi = p.experts;  // largest e with s_units[e] * n_tiles <= unit
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (s_units[mid] * p.n_tiles <= unit)
-        lo = mid;
-      else
-        hi = mid;
-    }
-    const int m_units = s_units[lo + 1] - s_units[lo];
-    const int local = unit - s_units[lo] * p.n_tiles;
-    w.expert = lo;
-    w.n_tile = local / m_units;
-    w.row0 = s_offset[lo] + ((local - w.n_tile * m_units) * kCluster + rank) * kTileM;
-    w.rows = min(kTileM, s_offset[lo + 1] - w.row0);  // <= 0: the pair's empty tile
-    w.k_off = 0;
-    w.k_len = p.K;
-  }
-  return w;
-}
-
-// The cluster's id, count and this CTA's rank in it (one CTA: the block itself).
-template <int kCluster>
-struct ClusterPos {
-  int id, count, rank;
-  __device__ __forceinline__ static ClusterPos get() {
-    if constexpr (kCluster == 1) {
-      return {static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), 0};
-    } else {
-      ClusterPos c;
-      asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(c.id));
-      asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(c.count));
-      asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(c.rank));
-      return c;
-    }
-  }
-};
-
 // First B row of box j (0..3): boxes 0, 1 fill half 0, boxes 2, 3 half 1. Gate/up tiles put the
 // 128 gate columns of F in half 0 and their up columns in half 1.
 __device__ __forceinline__ int fp8_box_row(const Fp8GemmParams& p, int n_tile, int j) {
@@ -208,16 +134,15 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
                : "memory");
 }
 
-template <Recipe R, TileShape kShape, bool kBPerRow, int kCluster>
+template <Recipe R, TileShape kShape, bool kBPerRow>
 __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int t) {
   constexpr int kStages = Fp8Smem<R>::kStages;
-  const ClusterPos<kCluster> cl = ClusterPos<kCluster>::get();
-  const int total = fp8_total_units<kShape, kCluster>(p, s_prefix);
+  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
   int stage = 0, phase = 0;
-  for (int unit = cl.id; unit < total; unit += cl.count) {
-    const WorkTile w = fp8_decode_unit<kShape, kCluster>(p, unit, cl.rank, s_prefix, s_offset);
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     producer_sync();  // the previous tile's rows are no longer read
     {
       int64_t src = -1;
@@ -243,22 +168,11 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
                     ok ? p.a + src * p.lda + k + 16 * chunk : p.a, ok);
       }
       if (t == 0) {
-        mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);  // all four boxes land here
-        if constexpr (kCluster == 1) {
+        mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
-                        &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
-        } else {
-          // this CTA's half of B (boxes 2 rank, 2 rank + 1), into both CTAs at the same offset
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * cl.rank + jj;
-            tma_load_3d_multicast(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK,
-                                  &p.tmap_b, &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e,
-                                  0x3);
-          }
-        }
+        for (int j = 0; j < 4; ++j)
+          tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
+                      &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
       }
       // Scales: one 32-bit word per row and stage (4 E8M0 bytes, or one float32). A row past
       // the tile, or a B row past b_rows, reads as word 0 (zero fill), as its values do.
@@ -385,7 +299,7 @@ __device__ __forceinline__ void glu_quant_epilogue(const Fp8GemmParams& p, const
   }
 }
 
-template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T, int kCluster>
+template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int wg, int t) {
   using namespace cute;
@@ -411,11 +325,10 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   static_assert(decltype(size(part))::value == 64, "64 accumulators per thread and half");
   float acc[128];  // value i + 64 h: half h, in the wgmma order of a 64 x 256 warpgroup tile
   const int r0 = 64 * wg + frag_row(0, t), r1 = 64 * wg + frag_row(2, t);
-  const ClusterPos<kCluster> cl = ClusterPos<kCluster>::get();
-  const int total = fp8_total_units<kShape, kCluster>(p, s_prefix);
+  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   int stage = 0, phase = 0;
-  for (int unit = cl.id; unit < total; unit += cl.count) {
-    const WorkTile w = fp8_decode_unit<kShape, kCluster>(p, unit, cl.rank, s_prefix, s_offset);
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
@@ -456,10 +369,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
           }
         }
       }
-      if (t == 0) {  // this warpgroup is done with the stage (both CTAs multicast into it)
-        mbar_arrive(&s.empty[stage]);
-        if constexpr (kCluster == 2) mbar_arrive_cluster(&s.empty[stage], cl.rank ^ 1);
-      }
+      if (t == 0) mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
     auto value = [&](int i) { return acc[i]; };
@@ -486,41 +396,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   }
 }
 
-// kRoutedM with two CTAs per cluster: s_units[e] = sum over e' < e of ceil(m-tiles of e' / 2),
-// from mtile_prefix, by the whole block (`scratch`: 32 ints of shared memory).
-__device__ __forceinline__ void pair_units_prefix(const int* mtile_prefix, int experts,
-                                                  int* s_units, int* scratch) {
-  const int per = (experts + blockDim.x - 1) / blockDim.x;  // experts per thread
-  const int e0 = min(experts, static_cast<int>(threadIdx.x) * per), e1 = min(experts, e0 + per);
-  auto units = [&](int e) { return (mtile_prefix[e + 1] - mtile_prefix[e] + 1) / 2; };
-  int sum = 0;
-  for (int e = e0; e < e1; ++e) sum += units(e);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int inc = sum;  // inclusive scan over the warp, then over the warps' totals
-  for (int d = 1; d < 32; d <<= 1) {
-    const int o = __shfl_up_sync(0xffffffffu, inc, d);
-    if (lane >= d) inc += o;
-  }
-  if (lane == 31) scratch[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    int v = lane < warps ? scratch[lane] : 0;
-    for (int d = 1; d < 32; d <<= 1) {
-      const int o = __shfl_up_sync(0xffffffffu, v, d);
-      if (lane >= d) v += o;
-    }
-    scratch[lane] = v;
-  }
-  __syncthreads();
-  int base = inc - sum + (warp > 0 ? scratch[warp - 1] : 0);
-  for (int e = e0; e < e1; ++e) {
-    s_units[e] = base;
-    base += units(e);
-  }
-  if (threadIdx.x == blockDim.x - 1) s_units[experts] = base;  // the last thread's: the total
-}
-
-template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T, int kCluster>
+template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_kernel(const __grid_constant__ Fp8GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -531,80 +407,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* s_offset = s_prefix + p.experts + 1;                           // expert_offset / k_offset
   const int* prefix_src = kShape == TileShape::kExpertK ? p.k_offset : p.mtile_prefix;
   const int* offset_src = kShape == TileShape::kExpertK ? p.k_offset : p.expert_offset;
-  constexpr bool kPairPrefix = kCluster == 2 && kShape == TileShape::kRoutedM;
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
-    if (!kPairPrefix) s_prefix[i] = prefix_src[i];
+    s_prefix[i] = prefix_src[i];
     s_offset[i] = offset_src[i];
   }
-  // (s.rows is free until the producer's first tile: the scan's scratch)
-  if constexpr (kPairPrefix)
-    pair_units_prefix(prefix_src, p.experts, s_prefix, reinterpret_cast<int*>(s.rows));
   if (threadIdx.x == 0) {
     for (int i = 0; i < Fp8Smem<R>::kStages; ++i) {
       mbar_init(&s.full[i], kFullArrivals<R>);
-      mbar_init(&s.empty[i], 2 * kCluster);  // one thread per consumer warpgroup and CTA
+      mbar_init(&s.empty[i], 2);  // one thread per consumer warpgroup
     }
   }
-  if constexpr (kCluster == 1) {
-    __syncthreads();
-  } else {
-    fence_mbarrier_init_cluster();  // the peer arrives on, and multicasts to, these barriers
-    cluster_sync();
-  }
+  __syncthreads();
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
-    fp8_producer<R, kShape, kBPerRow, kCluster>(p, s, s_prefix, s_offset, t);
+    fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    fp8_consumer<R, kShape, kBPerRow, kEpi, T, kCluster>(p, s, s_prefix, s_offset, wg - 1, t);
+    fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t);
   }
-  // Neither CTA leaves while the other may still arrive on its barriers or write its ring.
-  if constexpr (kCluster == 2) cluster_sync();
 #endif
-}
-
-// kCluster: CTAs per cluster (1 or 2, see the top of this file). The persistent grid is as many
-// clusters as fit on the device at once (cudaOccupancyMaxActiveClusters: a GPC with an odd
-// number of free SMs leaves one idle), so every cluster is resident and the work units are dealt
-// round-robin among them.
-template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T, int kCluster>
-cudaError_t launch_fp8_gemm_clustered(const Fp8GemmParams& p, int num_sms, cudaStream_t stream) {
-  static_assert(kCluster == 1 || kCluster == 2, "one or two CTAs per cluster");
-  const size_t smem = fp8_smem_bytes<R>(p.experts);
-  auto* kernel = fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T, kCluster>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  if constexpr (kCluster == 1) {
-    kernel<<<num_sms, kThreads, smem, stream>>>(p);
-    return cudaGetLastError();
-  } else {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kCluster, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(num_sms / kCluster * kCluster));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    if (err != cudaSuccess) return err;
-    if (clusters < 1) return cudaErrorInvalidConfiguration;  // no two SMs of a GPC free
-    cfg.gridDim = dim3(static_cast<unsigned>(std::min(clusters, num_sms / kCluster) * kCluster));
-    return cudaLaunchKernelEx(&cfg, kernel, p);
-  }
 }
 
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t stream) {
-  if (env::Get().cuda_fp8_cluster == 1)
-    return launch_fp8_gemm_clustered<R, kShape, kBPerRow, kEpi, T, 1>(p, num_sms, stream);
-  return launch_fp8_gemm_clustered<R, kShape, kBPerRow, kEpi, T, 2>(p, num_sms, stream);
+  const size_t smem = fp8_smem_bytes<R>(p.experts);
+  auto* kernel = fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<num_sms, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mok::cuda::fp8

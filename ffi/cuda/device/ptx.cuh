@@ -152,41 +152,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map
       : "memory");
 }
 
-// ------------------------------------------------------------------ clusters
-// tma_load_3d into the same shared-memory offset of every CTA in `cta_mask` (cluster ranks),
-// completing on the barrier at `bar`'s offset in each of them.
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* tensor_map,
-                                                      uint64_t* bar, int c0, int c1, int c2,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-      "l"(tensor_map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
-      : "memory");
-}
-
-// Arrives (release, cluster scope) on the barrier at `bar`'s offset in the CTA of rank `cta`.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, int cta) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(cta)
-      : "memory");
-}
-
-// Makes this thread's mbarrier.init visible to the other CTAs of the cluster (before they
-// arrive on the barriers or multicast to them; a cluster_sync follows).
-__device__ __forceinline__ void fence_mbarrier_init_cluster() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
-// Every thread of every CTA in the cluster (release/acquire: shared-memory writes before it are
-// visible to the cluster after it).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
-}
-
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
