@@ -58,7 +58,7 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       wt[rh] = row_ok[rh] ? p.topk_weights[p.sorted_slot[pos[rh]]] : 0.f;
     }
     float dw_rows[2] = {0.f, 0.f};
-    constexpr int kBatch = 4;  // pairs per batch (16 registers of h; 8 spills in the FP8 kernel)
+    constexpr int kBatch = 8;  // pairs per batch (32 registers of h)
     static_assert(kValues % (2 * kBatch) == 0, "whole batches");
 #pragma unroll
     for (int i0 = 0; i0 < kValues; i0 += 2 * kBatch) {

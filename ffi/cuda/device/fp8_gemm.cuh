@@ -3,12 +3,11 @@
 //
 //   CTA tile 128 (M) x 256 (N) x 128 (K per stage), the BF16 kernel's tile (mainloop_sm90.cuh),
 //   so the routing schedule and the epilogues are shared with it. Warpgroup 0 produces;
-//   warpgroups 1 and 2 consume 64 rows each, their 256 columns as four quarters of 64 (wgmma
-//   m64n64k32, both operands K-major as FP8 wgmma requires). A scale block covers 128 K
-//   (fp8_block) or 32 K (mxfp8): the wgmmas of one quarter and one scale block accumulate into a
-//   fresh register tile `part` (32 floats), which is added to the float32 accumulator (128 floats)
-//   times (scale of the A row) x (scale of the B column) while the next unit's wgmmas run in the
-//   other of two parts. FP8 wgmma accumulates with limited precision,
+//   warpgroups 1 and 2 consume 64 rows each, their 256 columns as two halves of 128 (wgmma
+//   m64n128k32, both operands K-major as FP8 wgmma requires). A scale block covers 128 K
+//   (fp8_block) or 32 K (mxfp8): the wgmmas of one half and one scale block accumulate into a fresh
+//   register tile `part` (64 floats), which is added to the float32 accumulator (128 floats) times
+//   (scale of the A row) x (scale of the B column). FP8 wgmma accumulates with limited precision,
 //   so no more than one scale block ever sums inside the tensor cores.
 //
 //   Operand A: rows of an FP8 matrix, K contiguous, gathered (routed rows) or not, by cp.async into
@@ -44,7 +43,7 @@ namespace mok::cuda::fp8 {
 
 constexpr int kBM = kTileM, kBN = 256, kBK = 128, kThreads = 384;
 static_assert(kBM == 128, "two consumer warpgroups of 64 rows");
-constexpr int kHalfN = kBN / 2;   // columns of a half tile (gate/up tiles: gate | up)
+constexpr int kHalfN = kBN / 2;   // columns of one wgmma / one `part` tile
 constexpr int kSteps = kBK / 32;  // k32 wgmma steps per stage
 constexpr int kBoxRows = 64;      // rows of one TMA box of B (128 bytes wide)
 
@@ -243,8 +242,11 @@ __device__ __forceinline__ float quad_amax(float m) {
 // blocks of 32 columns are values i >> 4 of it. h (training) is stored as the BF16 path does.
 template <Recipe R, class T>
 __device__ __forceinline__ void glu_quant_epilogue(const Fp8GemmParams& p, const WorkTile& w,
-                                                   float* acc, int wg, int t) {
+                                                   const float* acc, int wg, int t) {
   const int F = p.N, row_base = 64 * wg, f_base = w.n_tile * kHalfN;
+  float a[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) a[i] = acc[i] * sigmoidf(acc[i]) * acc[i + 64];
   T* h = static_cast<T*>(p.epi.out2);  // [P, 2F] gate | up, saved for the backward
   if (h) {
 #pragma unroll
@@ -256,10 +258,6 @@ __device__ __forceinline__ void glu_quant_epilogue(const Fp8GemmParams& p, const
       store2(row + F, acc[i + 64], acc[i + 65]);
     }
   }
-  // a in place of the gate values (the up half is dead after this): 128 live floats, not 192.
-  float* a = acc;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) a[i] = acc[i] * sigmoidf(acc[i]) * acc[i + 64];
   constexpr int kBlocks = R == Recipe::kMx ? 4 : 1;  // scale blocks in 128 columns
   float m[2][kBlocks];
 #pragma unroll
@@ -309,103 +307,70 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   constexpr int kStages = Fp8Smem<R>::kStages;
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                              Shape<Int<kBM>, Int<kBK>, Int<kStages>>{}));
-  // B is read a quarter (64 rows: one TMA box) at a time: a quarter's wgmmas write a fresh
-  // 32-float `part`, and two parts alternate, so that the wgmmas of the next quarter are in
-  // flight while this one is promoted (warpgroup_wait<1>): the tensor pipe never drains between
-  // promotions. (acc 128 + 2 x 32 floats: the registers the single 64-float part used.)
-  using SmemLayoutBq =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<kBoxRows>, Int<kBK>>{}));
-  using TiledMma = decltype(make_tiled_mma(SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>{},
+  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<kHalfN>, Int<kBK>, Int<kStages>>{}));
+  using TiledMma = decltype(make_tiled_mma(SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>{},
                                            Layout<Shape<_2, _1, _1>>{}));  // warpgroups split M
   static_assert(sizeof(s.a) == cosize(SmemLayoutA{}), "A ring size");
-  static_assert(sizeof(s.b[0][0]) == 2 * cosize(SmemLayoutBq{}), "a half-stage of B: 2 quarters");
+  static_assert(sizeof(s.b[0]) == cosize(SmemLayoutB{}), "B ring size (one half)");
   Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<Elem*>(&s.a[0][0])), SmemLayoutA{});
+  Tensor sB0 = make_tensor(make_smem_ptr(reinterpret_cast<Elem*>(&s.b[0][0][0])), SmemLayoutB{});
+  Tensor sB1 = make_tensor(make_smem_ptr(reinterpret_cast<Elem*>(&s.b[1][0][0])), SmemLayoutB{});
   TiledMma mma;
   auto thr = mma.get_thread_slice(wg * 128 + t);
-  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,1,MMA_K,STAGES) descriptors
-  // Quarter q of B in stage st: rows 64 (q & 1).. of half q >> 1 (its own TMA box).
-  auto b_quarter = [&](int st, int q) {
-    Tensor sBq = make_tensor(
-        make_smem_ptr(reinterpret_cast<Elem*>(&s.b[q >> 1][st][(q & 1) * kBoxRows * kBK])),
-        SmemLayoutBq{});
-    return thr.make_fragment_B(thr.partition_B(sBq));  // (MMA,1,MMA_K)
-  };
-  Tensor part0 = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBoxRows>>{});  // (MMA,1,1)
-  Tensor part1 = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBoxRows>>{});
-  static_assert(decltype(size(part0))::value == 32, "32 accumulators per thread and quarter");
-  constexpr int kQuarterVals = 32;
-  float acc[128];  // value i + 32 q: quarter q, in the wgmma order of a 64 x 256 warpgroup tile
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));    // (MMA,1,MMA_K,STAGES) descriptors
+  Tensor tCrB0 = thr.make_fragment_B(thr.partition_B(sB0));  // (MMA,1,MMA_K,STAGES)
+  Tensor tCrB1 = thr.make_fragment_B(thr.partition_B(sB1));
+  Tensor part = partition_fragment_C(mma, Shape<Int<kBM>, Int<kHalfN>>{});  // (MMA,1,1) 64 f32
+  static_assert(decltype(size(part))::value == 64, "64 accumulators per thread and half");
+  float acc[128];  // value i + 64 h: half h, in the wgmma order of a 64 x 256 warpgroup tile
   const int r0 = 64 * wg + frag_row(0, t), r1 = 64 * wg + frag_row(2, t);
-  // A promotion unit: one quarter and one scale block (fp8_block: the stage's 4 k32 steps;
-  // mxfp8: one k32 step). acc[32 q + i] += part(i) * (scale of A's row) * (scale of B's column).
-  auto promote = [&](auto& pt, int st, int q, int js) {
-    warpgroup_fence_operand(pt);
-    const float a0 = __uint_as_float(s.sa[st][js][r0]);
-    const float a1 = __uint_as_float(s.sa[st][js][r1]);
-    float* out = acc + kQuarterVals * q;
-    if constexpr (kBPerRow) {
-      const float* sb = reinterpret_cast<const float*>(&s.sb[st][js][q * kBoxRows]);
-#pragma unroll
-      for (int i = 0; i < kQuarterVals; ++i)
-        out[i] = fmaf(pt(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, out[i]);
-    } else {
-      const float b = __uint_as_float(s.sb[st][0][q >> 1]);
-      const float f0 = a0 * b, f1 = a1 * b;
-#pragma unroll
-      for (int i = 0; i < kQuarterVals; ++i) out[i] = fmaf(pt(i), ((i >> 1) & 1) ? f1 : f0, out[i]);
-    }
-  };
-  constexpr int kUnitSteps = R == Recipe::kMx ? 1 : kSteps;  // k32 steps per promotion unit
-  constexpr int kUnitsPerQuarter = kSteps / kUnitSteps;
   const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   int stage = 0, phase = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-    // The unit in flight before the current one: its stage (-1: none yet this tile). Units
-    // alternate parts 0 and 1; a stage holds an even number of units (4 quarters), so a unit's
-    // part follows from its position in the stage, and the previous unit's is the other one.
-    int prev_stage = -1;
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
       mbar_wait(&s.full[stage], phase);
       fence_proxy_async();  // cp.async wrote A through the generic proxy; wgmma reads async
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        auto tCrB = b_quarter(stage, q);
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int u = 0; u < kUnitsPerQuarter; ++u) {
-          const int unit = q * kUnitsPerQuarter + u;  // within the stage
-          auto& cur = (unit & 1) ? part1 : part0;
-          auto& prev = (unit & 1) ? part0 : part1;
-          warpgroup_fence_operand(cur);
+        for (int j = 0; j < kSteps; ++j) {
+          if (R == Recipe::kMx || j == 0) mma.accumulate_ = GMMA::ScaleOut::Zero;
+          warpgroup_fence_operand(part);
           warpgroup_arrive();
-#pragma unroll
-          for (int j = u * kUnitSteps; j < (u + 1) * kUnitSteps; ++j) {
-            mma.accumulate_ = j == u * kUnitSteps ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-            gemm(mma, tCrA(_, _, j, stage), tCrB(_, _, j), cur);
-          }
+          if (h == 0)
+            gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
+          else
+            gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
+          mma.accumulate_ = GMMA::ScaleOut::One;
           warpgroup_commit_batch();
-          // Promote the previous unit while this one runs.
-          const int pu = unit == 0 ? 4 * kUnitsPerQuarter - 1 : unit - 1;
-          const int pst = unit == 0 ? prev_stage : stage;
-          if (pst >= 0) {
-            warpgroup_wait<1>();
-            promote(prev, pst, pu / kUnitsPerQuarter, R == Recipe::kMx ? pu % kUnitsPerQuarter : 0);
-            // The previous stage's last unit is done (so are all its wgmmas): hand it back.
-            if (unit == 0 && t == 0) mbar_arrive(&s.empty[pst]);
+          if (R == Recipe::kMx || j == kSteps - 1) {
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(part);
+            const int js = R == Recipe::kMx ? j : 0;
+            const float a0 = __uint_as_float(s.sa[stage][js][r0]);
+            const float a1 = __uint_as_float(s.sa[stage][js][r1]);
+            if constexpr (kBPerRow) {
+              const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
+#pragma unroll
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] =
+                    fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
+            } else {
+              const float b = __uint_as_float(s.sb[stage][0][h]);
+              const float f0 = a0 * b, f1 = a1 * b;
+#pragma unroll
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
+            }
           }
         }
       }
-      prev_stage = stage;
+      if (t == 0) mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
       if (++stage == kStages) stage = 0, phase ^= 1;
-    }
-    if (prev_stage >= 0) {  // the tile's last unit
-      warpgroup_wait<0>();
-      constexpr int last = 4 * kUnitsPerQuarter - 1;
-      promote((last & 1) ? part1 : part0, prev_stage, last / kUnitsPerQuarter,
-              R == Recipe::kMx ? last % kUnitsPerQuarter : 0);
-      if (t == 0) mbar_arrive(&s.empty[prev_stage]);
     }
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kEpi == Epi8::kGluQuant) {
