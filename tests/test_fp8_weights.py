@@ -240,3 +240,36 @@ def test_flax_modules_take_fp8_weights():
     with pytest.raises(KeyError, match="w_gate_up"):
         jax_mok.linen.fp8_weights({"router": variables["params"]["router"]}, config,
                                   dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_cuda_backward_keeps_the_forward_layout_only_to_recompute(save):
+    """The saved-h backward (``mok_moe_bwd_saved_fp8``) reads h, not the forward's gate/up layout,
+    so that layout is no operand of it and dies with the forward (on S4 that is 15.75 GiB less
+    held to the backward); the recomputing backward (``mok_moe_bwd_fp8``) takes it. Checked on
+    the program lowered for CUDA where the extension is built."""
+    import re
+
+    from jax_mok.kernels import _ffi
+
+    if not _ffi.kernels_built("cuda"):
+        pytest.skip("jax_mok._mok_cuda is not built")
+    config = _config("fp8_block", save_activations=save)
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    x = jnp.ones((T, H), jnp.bfloat16)
+
+    def loss(params):
+        y = jax_mok.moe(x, params, implementation="cuda")
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    text = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    target = "mok_moe_bwd_saved_fp8" if save else "mok_moe_bwd_fp8"
+    calls = [ln for ln in text.splitlines() if re.search(rf"@{target}\b", ln)]
+    assert len(calls) == 1, (target, [ln[:160] for ln in calls])
+    # dy + quantized dy (2) + x + quantized x (2) + ids + weights, then the layouts (2 each):
+    # saved: the two backward layouts and h; recomputing: the forward gate/up layout too.
+    operands = re.search(rf"@{target}\((.*?)\)", calls[0]).group(1)
+    count = len([o for o in operands.split(",") if o.strip()])
+    assert count == (13 if save else 14), (count, calls[0][:300])
+    other = "mok_moe_bwd_fp8" if save else "mok_moe_bwd_saved_fp8"
+    assert not re.search(rf"@{other}\b", text)
