@@ -9,12 +9,16 @@
 #   unit     the BF16 kernel tests alone (GPU 0)
 #   multi    the multi-GPU tests (tests/test_peer_transport.py -m multigpu); then issue 18's
 #            single-device-then-peer sequence once more with PeerTuning(check="deferred")
-#   timings  tools/kernel_timings.py timings for TIMING_SHAPES (default S1..S6), bf16 and both
-#            FP8 recipes, and the per-phase profile of S2 (FP8 and bf16)
+#   timings  tools/kernel_timings.py timings for TIMING_SHAPES (default S1..S6), TIMING_QUANT
+#            (bf16 and both FP8 recipes; TIMING_FP8_RUNS: which FP8 runs), then the per-phase
+#            profile of PROFILE_SHAPES (S2; none: skipped) in PROFILE_QUANT (fp8_block)
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
 #   e2e      python -m benchmarks.e2e.run $E2E_ARGS, E2E_TIMEOUT (200 s)
 # The last lines are a summary: each step's exit code and its last result line.
+#   suite    the whole single-GPU suite in two processes on GPU 0 (each with 40 % of its memory):
+#            the FP8 tests (test_cuda_fp8*.py, test_fp8_weights.py) beside every other GPU-marked
+#            test that needs one GPU, SUITE_TIMEOUT (300 s) each
 #   fp8w     the expert-weight quantizer's bit tests and tests/test_fp8_weights.py (fp8_weights on
 #            the CUDA path: values and gradients equal the plain call's)
 #   quant    tools/kernel_timings.py quantizers (the CUDA quantizers' GB/s against the HBM copy)
@@ -103,6 +107,24 @@ for s in ${STEPS//,/ }; do
       grep -E "^FAILED|^ERROR" "$OUT/fp8w_tests.log" | head -20
       note "fp8 tests: $(( $(date +%s) - t )) s"
       ;;
+    suite)
+      step "single-GPU suite, two processes"
+      t=$(date +%s)
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 JAX_MOK_REQUIRE_CUDA=1 timeout ${SUITE_TIMEOUT:-300} \
+        $PYTEST tests/test_cuda_fp8.py tests/test_cuda_fp8_weights.py tests/test_fp8_weights.py \
+        > "$OUT/suite_fp8.log" 2>&1 &
+      a=$!
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 JAX_MOK_REQUIRE_CUDA=1 timeout ${SUITE_TIMEOUT:-300} \
+        $PYTEST -m "gpu and not multigpu" tests --ignore=tests/test_cuda_fp8.py \
+        --ignore=tests/test_cuda_fp8_weights.py --ignore=tests/test_fp8_weights.py \
+        > "$OUT/suite_rest.log" 2>&1 &
+      b=$!
+      wait $a; ra=$?; wait $b; rb=$?
+      note "suite fp8: rc=$ra $(tail -1 "$OUT/suite_fp8.log")"
+      note "suite rest: rc=$rb $(tail -1 "$OUT/suite_rest.log")"
+      grep -E "^FAILED|^ERROR" "$OUT/suite_fp8.log" "$OUT/suite_rest.log" | head -20
+      note "suite: $(( $(date +%s) - t )) s"
+      ;;
     fp8w)
       JAX_MOK_REQUIRE_CUDA=1 run fp8w_tests ${FP8W_TIMEOUT:-240} $PYTEST \
         tests/test_cuda_fp8_weights.py tests/test_fp8_weights.py
@@ -135,7 +157,8 @@ for s in ${STEPS//,/ }; do
     timings)
       TAIL=40 run timings ${TIMING_TIMEOUT:-240} python3 tools/kernel_timings.py timings \
         --shapes ${TIMING_SHAPES:-S1,S2,S3,S4,S5,S6} \
-        --quantization ${TIMING_QUANT:-none,fp8_block,mxfp8}
+        --quantization ${TIMING_QUANT:-none,fp8_block,mxfp8} \
+        ${TIMING_FP8_RUNS:+--fp8-runs $TIMING_FP8_RUNS}
       [ "${PROFILE_SHAPES:-S2}" = none ] ||
       JAX_MOK_CUDA_PROFILE=1 TAIL=40 run profile ${PROFILE_TIMEOUT:-120} \
         python3 tools/kernel_timings.py profile --shapes ${PROFILE_SHAPES:-S2} \
