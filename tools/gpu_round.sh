@@ -25,8 +25,9 @@
 #   ncu      ncu (SpeedOfLight, WarpStateStats, SchedulerStats, MemoryWorkload) of the FP8 GEMMs of
 #            one forward of NCU_SHAPE (S2), NCU_TIMEOUT (150 s)
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers; liger-kernel for B6).
-# A prebuilt extension: .device/ext/_mok_c*.so (built on the CPU machine for Python 3.12 / jax
-# 0.11.2, carried with carry=[".device/ext"]) is used instead of building here (~50 s saved).
+# A prebuilt extension: $EXT_DIR/_mok_c*.so (default .device/ext; built on the CPU machine for
+# Python 3.12 / jax 0.11.2, carried with carry=[".device/ext"]) is used instead of building here
+# (~50 s saved).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others below); nothing here resets,
 # reclocks or repartitions a GPU.
 set -uo pipefail
@@ -57,9 +58,10 @@ fi
 
 step "build"
 t0=$(date +%s)
-if ls .device/ext/_mok_cuda*.so >/dev/null 2>&1; then
-  cp .device/ext/_mok_c*.so jax_mok/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-  note "build: prebuilt extension from .device/ext"
+EXT_DIR=${EXT_DIR:-.device/ext}
+if ls "$EXT_DIR"/_mok_cuda*.so >/dev/null 2>&1; then
+  cp "$EXT_DIR"/_mok_c*.so jax_mok/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  note "build: prebuilt extension from $EXT_DIR"
 else
   JAX_MOK_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation \
     --no-deps -v -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
