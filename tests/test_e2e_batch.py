@@ -23,12 +23,15 @@ def _oom() -> Exception:
     return jax.errors.JaxRuntimeError(OOM)
 
 
-def _fake(calls, fits):
+def _fake(calls, fits, profiled=None):
     """A run_variant stand-in: ``fits[variant]`` is the largest batch that runs (None: a non-OOM
-    error at any batch); tokens/s grows with the batch, sub-linearly."""
+    error at any batch); tokens/s grows with the batch, sub-linearly. ``profiled``: gets each
+    call's --breakdown."""
+    profiled = [] if profiled is None else profiled
 
     def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
         calls.append((variant, batch))
+        profiled.append(args.breakdown)
         limit = fits[variant]
         if limit is None:
             raise jax.errors.JaxRuntimeError(RAGGED)
@@ -57,13 +60,15 @@ def test_shared_batch_search_rows_and_own_best(tmp_path, monkeypatch):
 
     calls = []
     fits = {"padded": 4, "jax_mok": 16, "jax_mok_fp8_block": 8, "reference": None}
-    monkeypatch.setattr(run, "run_variant", _fake(calls, fits))
+    profiled = []
+    monkeypatch.setattr(run, "run_variant", _fake(calls, fits, profiled))
     result = _main(tmp_path, "--batch", "16", "--batch-policy", "shared", "--own-best",
-                   "--variants", "jax_mok,jax_mok_fp8_block,padded,reference")
+                   "--breakdown", "--variants", "jax_mok,jax_mok_fp8_block,padded,reference")
     assert calls == [("padded", 16), ("padded", 8), ("padded", 4),  # the search, anchor first
                      ("jax_mok", 4), ("jax_mok_fp8_block", 4), ("reference", 4),
                      ("jax_mok", 8), ("jax_mok", 16), ("jax_mok", 32),  # own best: doubling
                      ("jax_mok_fp8_block", 8), ("jax_mok_fp8_block", 16)]
+    assert profiled == [True] * 6 + [False] * 5  # the own-best search is not profiled
     search = result["batch_search"]
     assert search["shared_batch"] == result["batch"] == 4 and search["anchor"] == "padded"
     assert [(a["batch"], a["status"]) for a in search["attempts"]] == [

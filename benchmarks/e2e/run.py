@@ -5,6 +5,8 @@
     python -m benchmarks.e2e.run --variants jax_mok,jax_mok_fp8_block,jax_mok_mxfp8  # BF16 vs FP8
     python -m benchmarks.e2e.run --expert-parallel            # experts over every local device
     python -m benchmarks.e2e.run --tiny --steps 2             # CPU smoke run (seq 32)
+    python -m benchmarks.e2e.run --layers 4 --batch 32 --batch-policy shared --own-best \
+        --breakdown                     # issue 22's table (benchmarks/README.md: the command)
 
 Variants (benchmarks/e2e/model.py, VARIANT_TEXT): ``jax_mok`` (jax_mok.moe, BF16 GEMMs),
 ``jax_mok_fp8_block`` and ``jax_mok_mxfp8`` (the same layer with
@@ -17,8 +19,17 @@ logged and recorded, where jax_mok has no ``fp8_weights``), ``reference`` (pure 
 
 Each variant builds the same model (same seed, same parameters), compiles one jitted training
 step (loss, gradients, optax.adamw update; the state donated), runs ``--warmup`` steps, then
-times ``--steps`` synchronized steps. A variant that runs out of device memory is retried at
-half the batch (``--oom-retries`` times) and the batch it ran at is reported. MFU counts the
+times ``--steps`` synchronized steps. Batch (per device), ``--batch-policy``: ``fixed`` (the
+default) runs every variant at ``--batch``, a variant that runs out of device memory retried at
+half the batch (``--oom-retries`` times) and the batch it ran at reported; ``shared`` first finds
+the largest batch at which ``--batch-anchor`` (the padded einsum, MaxText's GPU MoE path) runs,
+from ``--batch`` halving on out-of-memory (every attempt recorded in ``batch_search``), then runs
+every other variant once at that batch (one that fails there, e.g. ``reference``'s ragged_dot,
+keeps its row with the status and error); ``--own-best`` adds rows ``<variant> (own best
+batch)`` for jax_mok's variants at the fastest of doubling batches from the shared one (until
+out of memory, ``--own-best-cap`` or a gain under ``--own-best-min-gain``). ``--breakdown``
+profiles ``--profile-steps`` more steps of each (shared-batch) row and splits its step time
+into the MoE layers and the rest (benchmarks/e2e/breakdown.py). MFU counts the
 same model FLOPs for every variant: an FP8 GEMM counts as its BF16 FLOPs, against the BF16
 matmul ceiling measured in the run. Writes e2e.json, e2e.md and e2e.png to ``--out`` (the JSON
 after every variant).
@@ -92,6 +103,8 @@ def parse_args(argv):
     p.add_argument("--own-best", action="store_true",
                    help="--batch-policy shared: also run jax_mok and its FP8 variants at "
                         "doubling batches until OOM (rows '<variant> (own best batch)')")
+    p.add_argument("--own-best-variants", default=None,
+                   help="--own-best: which variants (default: every jax_mok variant run)")
     p.add_argument("--own-best-cap", type=int, default=64,
                    help="--own-best: the largest batch per device tried")
     p.add_argument("--own-best-min-gain", type=float, default=0.03,
@@ -338,7 +351,12 @@ def measure_breakdown(variant, lowered, compiled, run_steps, identity_step_ms, s
     note = None
     try:
         executable = compiled
-        if jax.default_backend() == "gpu":
+        import re
+
+        flag = re.search(r"--xla_gpu_enable_command_buffer=(\S*)", os.environ.get("XLA_FLAGS", ""))
+        if flag and flag.group(1).strip("'\"") == "":
+            note = "profiled the timed executable (XLA_FLAGS: command buffers off for the run)"
+        elif jax.default_backend() == "gpu":
             # Kernels inside a command buffer carry its name, not their op's: profile an
             # executable compiled without command buffers (the timed steps kept the default).
             try:
@@ -443,7 +461,7 @@ def own_best(variant, args, attempt, result, summary, out) -> None:
     stop = f"cap {args.own_best_cap}"
     while batch <= args.own_best_cap:
         log(f"{variant}: own best batch: trying {batch}")
-        record = attempt(variant, batch)
+        record = attempt(variant, batch, args)
         attempts.append(summary(record))
         gc.collect()
         if record["status"] != "ok":
@@ -531,12 +549,13 @@ def main(argv=None) -> dict:
         f"{result['flops_per_token'] / 1e9:.2f} GFLOP per token per training step")
     state = {"attention": attention}
 
-    def attempt(variant: str, batch: int) -> dict:
+    def attempt(variant: str, batch: int, run_args=None) -> dict:
         """One run of ``variant`` at ``batch``: its record, or a failed one (status oom, error
         or too_slow, with the error); switches to XLA attention if cuDNN's fails."""
         while True:
             try:
-                return run_variant(variant, cfg, args, batch, mesh, state["attention"],
+                return run_variant(variant, cfg, run_args or args, batch, mesh,
+                                   state["attention"],
                                    ceiling["matmul_tflops"], n_devices)
             except Exception as err:  # noqa: BLE001 - reported in the results, not hidden
                 gc.collect()
@@ -601,8 +620,13 @@ def main(argv=None) -> dict:
             report.write_json(result, out)
         result["variants"] = {v: result["variants"][v] for v in variants}
         if args.own_best:
-            for variant in [v for v in variants if v == "jax_mok" or v in m.QUANTIZATION]:
-                own_best(variant, args, attempt, result, summary, out)
+            chosen = ([v.strip() for v in args.own_best_variants.split(",") if v.strip()]
+                      if args.own_best_variants else
+                      [v for v in variants if v == "jax_mok" or v in m.QUANTIZATION])
+            # The search's runs are not profiled (the breakdown is of the shared-batch rows).
+            search_args = argparse.Namespace(**{**vars(args), "breakdown": False})
+            for variant in [v for v in variants if v in chosen]:
+                own_best(variant, search_args, attempt, result, summary, out)
     for record in result["variants"].values():
         # FP8 rows against jax_mok's (BF16) row of the same batch policy (own best: own best)
         baseline = result["variants"].get(
