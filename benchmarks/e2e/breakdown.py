@@ -90,10 +90,14 @@ def _stat_value(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def op_times(trace_dir: str, module: str | None = None) -> tuple[dict[str, float], str]:
+def op_times(trace_dir: str, module: str | None = None,
+             known: set[str] | None = None) -> tuple[dict[str, float], str]:
     """Summed duration (ns) per HLO op name over every device-op event of the newest trace under
     ``trace_dir``, and which planes they came from. ``module``: only events whose ``hlo_module``
-    stat is this (the compiled step's HLO module name)."""
+    stat is this (the compiled step's HLO module name). ``known``: instruction names; an event
+    without an ``hlo_op`` stat counts where its own name is one of them (or is one with its dots
+    written as underscores, as GPU kernel names are)."""
+    by_kernel_name = {n.replace(".", "_"): n for n in known or ()}
     from jax.profiler import ProfileData
 
     files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
@@ -108,6 +112,8 @@ def op_times(trace_dir: str, module: str | None = None) -> tuple[dict[str, float
             for event in line.events:
                 stats = {k: _stat_value(v) for k, v in event.stats}
                 op = stats.get("hlo_op")
+                if op is None and known:
+                    op = event.name if event.name in known else by_kernel_name.get(event.name)
                 if op is None:
                     continue
                 if module is not None and stats.get("hlo_module") not in (None, module):
@@ -130,7 +136,7 @@ def from_profile(trace_dir: str, hlo_text: str, module: str | None, steps: int,
                  step_ms: float) -> dict:
     """The ``profile`` breakdown record (see the module docstring)."""
     is_moe = classify_hlo(hlo_text)
-    times, planes = op_times(trace_dir, module)
+    times, planes = op_times(trace_dir, module, set(is_moe))
     moe_ns = sum(ns for op, ns in times.items() if is_moe.get(op, False))
     unmatched_ns = sum(ns for op, ns in times.items() if op not in is_moe)
     busy_ns = sum(times.values())
