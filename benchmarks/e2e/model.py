@@ -27,6 +27,7 @@ from flax import nnx
 
 import jax_mok
 import jax_mok.nnx
+from benchmarks.e2e.breakdown import MOE_SCOPE  # named scope of every MoE layer
 from jax_mok import reference, routing
 
 VARIANTS = ("jax_mok", "jax_mok_fp8_block", "jax_mok_mxfp8", "jax_mok_fp8_block_prepared",
@@ -179,8 +180,23 @@ def prepare_fp8_weights(model: MoETransformer):
 def moe_forward(moe: jax_mok.nnx.MoE, x: jax.Array, fp8_weights=None):
     """The MoE of a block: ``(y, aux)`` of ``x [B, S, H]``. ``fp8_weights``: this layer's FP8
     expert weights prepared for the step (:func:`prepare_fp8_weights`), or None (the layer
-    quantizes its weights itself where its config says FP8)."""
-    return moe(x, return_aux=True, fp8_weights=fp8_weights)
+    quantizes its weights itself where its config says FP8).
+
+    Inside the named scope :data:`MOE_SCOPE` (every variant), which the step-time breakdown
+    (``benchmarks/e2e/breakdown.py``) finds in the compiled ops' ``op_name`` metadata."""
+    with jax.named_scope(MOE_SCOPE):
+        return moe(x, return_aux=True, fp8_weights=fp8_weights)
+
+
+def identity_moe_forward(moe: jax_mok.nnx.MoE, x: jax.Array, fp8_weights=None):
+    """The differential breakdown's stand-in for :func:`moe_forward`: ``y = 0`` (the block adds
+    nothing) and zero aux, the layer's parameters kept but unused."""
+    del fp8_weights
+    E = moe.config.num_experts
+    zero = jnp.zeros((), jnp.float32)
+    aux = {"load_balancing_loss": zero, "router_z_loss": zero,
+           "expert_counts": jnp.zeros((E,), jnp.int32), "dropped_tokens": jnp.zeros((), jnp.int32)}
+    return jnp.zeros_like(x), aux
 
 
 class Attention(nnx.Module):
@@ -207,17 +223,20 @@ class Attention(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, moe_fn, attention: str | None, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, moe_fn, attention: str | None, *, rngs: nnx.Rngs,
+                 identity_moe: bool = False):
         norm = dict(dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=rngs)
         self.attn_norm = nnx.RMSNorm(cfg.hidden, **norm)
         self.attn = Attention(cfg, attention, rngs=rngs)
         self.moe_norm = nnx.RMSNorm(cfg.hidden, **norm)
         self.moe = jax_mok.nnx.MoE(cfg.moe_config(), dtype=jnp.bfloat16, param_dtype=jnp.float32,
                                    rngs=rngs, sow_aux=False, moe_fn=moe_fn)
+        self.identity_moe = identity_moe
 
     def __call__(self, h: jax.Array, fp8_weights=None):
         h = h + self.attn(self.attn_norm(h))
-        y, aux = moe_forward(self.moe, self.moe_norm(h), fp8_weights)
+        forward = identity_moe_forward if self.identity_moe else moe_forward
+        y, aux = forward(self.moe, self.moe_norm(h), fp8_weights)
         return h + y, aux
 
 
@@ -226,14 +245,14 @@ class MoETransformer(nnx.Module):
     ``fp8_weights``: :func:`prepare_fp8_weights`' (scanned with the blocks) or None."""
 
     def __init__(self, cfg: ModelConfig, moe_fn, *, attention: str | None = None,
-                 remat: bool = False, rngs: nnx.Rngs):
+                 remat: bool = False, rngs: nnx.Rngs, identity_moe: bool = False):
         self.embed = nnx.Embed(cfg.vocab, cfg.hidden, dtype=jnp.bfloat16,
                                param_dtype=jnp.float32, rngs=rngs)
 
         @nnx.split_rngs(splits=cfg.layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_blocks(rngs):
-            return Block(cfg, moe_fn, attention, rngs=rngs)
+            return Block(cfg, moe_fn, attention, rngs=rngs, identity_moe=identity_moe)
 
         self.blocks = make_blocks(rngs)
         self.norm = nnx.RMSNorm(cfg.hidden, dtype=jnp.bfloat16, param_dtype=jnp.float32,
