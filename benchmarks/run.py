@@ -59,9 +59,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fp8-tolerance", type=float, default=None,
                    help="check bound of the FP8 rows (default 0.1, benchmarks/impls.py: E4M3 "
                         "operands give ~6-7 %%; issue 13's 5e-2 target is reported beside)")
-    p.add_argument("--b6-autotune", default="pinned", choices=("pinned", "full"),
-                   help="B6 (Liger): pinned = LIGER_FUSED_MOE_AUTOTUNE=0, one config per "
-                        "kernel; full = Liger's Triton autotune in each shape's first call")
+    p.add_argument("--b6-autotune", default="tuned",
+                   choices=("tuned", "record", "full", "pinned"),
+                   help="B6 (Liger): tuned = each kernel pinned to Liger's own search winner "
+                        "recorded in --b6-configs (full, with a warning, where the shape has "
+                        "none); record = full, then the winners merged into --b6-configs; full "
+                        "= Liger's Triton autotune in each shape's first call; pinned = "
+                        "LIGER_FUSED_MOE_AUTOTUNE=0, one config per kernel")
+    p.add_argument("--b6-configs", default=None,
+                   help="B6's recorded configs (default benchmarks/b6_configs.json)")
     p.add_argument("--item-timeout-s", type=float, default=150.0,
                    help="kill a worker whose current item runs longer than this")
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceiling measurements")
@@ -166,6 +172,7 @@ class Orchestrator:
             "dtype": a.dtype, "scale_tokens": a.scale_tokens, "scale_model": a.scale_model,
             "quick": a.quick, "deadline": deadline, "skip": skip, "events": events,
             "probe_tokens": 16 if a.quick else 48, "b6_autotune": a.b6_autotune,
+            "b6_configs": a.b6_configs and os.path.abspath(a.b6_configs),
             "fp8_tolerance": a.fp8_tolerance, "run_start": self.start,
             # the first worker measures the ceilings before its items (one process less)
             "ceilings": not a.no_ceilings and self.ceilings is None,
@@ -318,6 +325,20 @@ def main(argv: list[str] | None = None) -> int:
     with open(paths["md"]) as f:
         print(f.read())
     print(f"wrote {', '.join(paths.values())} in {time.time() - orch.start:.0f} s", flush=True)
+    if "B6" in args.impls and args.b6_autotune == "record":
+        from benchmarks import peers_liger
+
+        path = args.b6_configs or peers_liger.CONFIGS_PATH
+        try:
+            keys = peers_liger.record_results(
+                [result], path, also=[os.path.join(out_dir, "b6_configs.json")])
+        except (OSError, ValueError) as error:
+            print(f"B6: could not record the configs into {path}: {error} (the winners are in "
+                  "results.json: python -m benchmarks.peers_liger record)", flush=True)
+            return 1
+        print(f"B6: Liger's configs of {', '.join(keys)} recorded in {path} and "
+              f"{out_dir}/b6_configs.json" if keys else
+              "B6: no configs recorded (no B6 item searched and passed its check)", flush=True)
     return 0
 
 

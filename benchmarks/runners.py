@@ -87,11 +87,13 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
 
 
 def _torch_checked_and_timed(sr, runner, item: dict, want: dict, record: dict,
-                             tolerance: dict | None) -> None:
+                             tolerance: dict | None, after_first_call=None) -> None:
     try:
         start = time.perf_counter()
         got = runner.check_outputs(sr.probes[item["routing"]])
         record["first_call_s"] = time.perf_counter() - start
+        if after_first_call is not None:
+            after_first_call()
         if sr.check(got, want, record, tolerance):
             sr.timed(runner.step(), record)
     finally:
@@ -130,18 +132,42 @@ def run_torch(sr, item: dict, problem, want: dict, record: dict) -> None:
 
 
 def run_liger(sr, item: dict, problem, want: dict, record: dict) -> None:
-    """B6 (Liger-Kernel's fused MoE; its autotune setting recorded beside the time)."""
-    from benchmarks import peers_liger
+    """B6 (Liger-Kernel's fused MoE; its autotune mode and each kernel's configs recorded beside
+    the time: peers_liger's docstring)."""
+    from benchmarks import peers_liger as pl
 
-    reason = peers_liger.unavailable_reason(sr.platform, sr.spec.get("b6_autotune", "pinned"))
+    path = sr.spec.get("b6_configs") or pl.CONFIGS_PATH
+    wanted = pl.problem_of(sr.shape, sr.dtype.name)
+    plan = pl.select_mode(sr.spec.get("b6_autotune", pl.DEFAULT_MODE),
+                          pl.shape_key(sr.spec["shape"], wanted), wanted, sr.spec["passes"],
+                          path=path)
+    reason = pl.unavailable_reason(sr.platform, plan.mode)
     if reason is not None:
         return _unavailable(record, reason)
-    record["b6_autotune"] = peers_liger.autotune_setting()
-    record["liger_kernel"] = peers_liger.liger_version()
+    record["liger_kernel"] = pl.liger_version()
+    record["triton"] = pl.triton_version()
     start = time.perf_counter()
-    runner = peers_liger.LigerRunner(problem, item["pass"])
+    runner = pl.LigerRunner(problem, item["pass"])
     record["layout_copy_s"] = time.perf_counter() - start  # untimed: weights in Liger's layout
-    _torch_checked_and_timed(sr, runner, item, want, record, _tolerances(sr, "B6"))
+    tuners = pl.liger_autotuners()
+    if plan.mode == "tuned":
+        why = pl.pin_recorded(tuners, plan.entry["kernels"])
+        if why is not None:
+            plan = plan.fall_back(why)
+    if plan.warning is not None:
+        pl.say_once(plan.warning)
+        record["b6_warning"] = plan.warning
+    record["b6_mode"] = plan.mode
+    record["b6_autotune"] = pl.autotune_setting(plan)
+    pl.say_once(f"B6 {plan.key}: {record['b6_autotune']}")
+    before = pl.cache_keys(tuners)
+
+    def after_first_call() -> None:  # what each kernel ran with, and which ones searched
+        record["b6_configs"] = pl.capture(tuners)
+        record["b6_searched"] = pl.searched(tuners, before)
+
+    _torch_checked_and_timed(sr, runner, item, want, record, _tolerances(sr, "B6"),
+                             after_first_call)
 
 
 RUNNERS = {"jax": run_jax, "torch": run_torch, "liger": run_liger}
