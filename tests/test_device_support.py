@@ -106,10 +106,12 @@ def test_device_reason_comes_first_and_only_on_gpus(fake_gpu):
 def test_moe_default_runs_the_reference(fake_gpu):
     params = jax_mok.init_params(jax.random.key(0), CONFIG, jnp.float32)
     x = jax.random.normal(jax.random.key(1), (8, 16))
-    expected = jax_mok.moe(x, params, implementation="reference")
+    # Jitted (the choice is made at trace time either way): one compile per call instead of
+    # the reference's op-by-op dispatch.
+    expected = jax.jit(lambda x: jax_mok.moe(x, params, implementation="reference"))(x)
     fake_gpu("8.0")
     with pytest.warns(UserWarning, match="compute capability 8.0"):
-        y = jax_mok.moe(x, params)
+        y = jax.jit(lambda x: jax_mok.moe(x, params))(x)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(expected))
 
 
@@ -139,12 +141,15 @@ def test_fp8_layer_follows_the_same_rule(fake_gpu):
     w_gate_up = jax.random.normal(keys[2], (E, H, 2 * F)) / np.sqrt(H)
     w_down = jax.random.normal(keys[3], (E, F, H)) / np.sqrt(F)
     args = (x, ids, weights, w_gate_up, w_down, "mxfp8")
-    expected = fp8.routed_experts_fp8(*args)
+    # Jitted (the choice is made at trace time either way): one compile per call instead of
+    # the pure-JAX FP8 layer's op-by-op dispatch.
+    expected = jax.jit(fp8.routed_experts_fp8, static_argnums=5)(*args)
     fake_gpu("8.0")
     assert "compute capability 8.0" in kernels_fp8.cuda_limits(H, F)
     with pytest.warns(UserWarning, match="pure-JAX FP8 layer because this GPU has compute "
                                          "capability 8.0"):
-        y = kernels_fp8.routed_experts_fp8(*args, implementation="ffi")
+        y = jax.jit(lambda *a: kernels_fp8.routed_experts_fp8(*a, "mxfp8",
+                                                              implementation="ffi"))(*args[:5])
     np.testing.assert_array_equal(np.asarray(y), np.asarray(expected))
     with pytest.raises(ValueError, match="compute capability 8.0"):
         kernels_fp8.routed_experts_fp8(*args, implementation="cuda")

@@ -21,6 +21,30 @@ def _run(tmp_path, *extra):
                      "--warmup", "1", "--out", str(tmp_path), *extra])
 
 
+@pytest.fixture(scope="module")
+def all_variants(tmp_path_factory):
+    """One tiny run of every variant, shared by the tests below (each variant compiles its own
+    training step, 15-60 s apiece on 2 CPU cores; the tests used to run jax_mok and
+    jax_mok_fp8_block three times over). ``jax_mok.fp8_weights`` is counted during the run:
+    ``(out, result, calls)``."""
+    import jax.numpy as jnp
+
+    import jax_mok
+
+    out = tmp_path_factory.mktemp("e2e")
+    calls = []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        real = getattr(jax_mok, "fp8_weights", None)
+        if real is not None:
+            def counting_fp8_weights(params, **kwargs):
+                calls.append((params.w_gate_up.shape, jnp.dtype(kwargs.get("dtype")).name))
+                return real(params, **kwargs)
+
+            monkeypatch.setattr(jax_mok, "fp8_weights", counting_fp8_weights)
+        result = _run(out)
+    return out, result, calls
+
+
 def _check(result, tmp_path):
     for name, record in result["variants"].items():
         if record["status"] == "skipped":  # a variant this jax_mok cannot run, with the reason
@@ -34,21 +58,23 @@ def _check(result, tmp_path):
     assert (tmp_path / "e2e.png").stat().st_size > 0
 
 
-def test_e2e_tiny_jax_mok(tmp_path):
-    """The CI smoke run: one variant, one layer (one compiled step; < 30 s on 2 cores)."""
-    result = _run(tmp_path, "--variants", "jax_mok")
-    _check(result, tmp_path)
-    assert "| jax_mok | 2 |" in (tmp_path / "e2e.md").read_text()
+def test_e2e_tiny_jax_mok(all_variants):
+    """The CI smoke run: the jax_mok variant, one layer (one compiled step)."""
+    out, result, _ = all_variants
+    _check(result, out)
+    assert result["variants"]["jax_mok"]["status"] == "ok"
+    assert "| jax_mok | 2 |" in (out / "e2e.md").read_text()
 
 
-def test_e2e_tiny_fp8_block_mfu_counts_bf16_flops(tmp_path):
+def test_e2e_tiny_fp8_block_mfu_counts_bf16_flops(all_variants):
     """The FP8 variant trains one tiny step (the pure-JAX FP8 layer on the CPU) and its MFU is
     the BF16 model's FLOPs over the BF16 matmul ceiling, like every variant's."""
     from benchmarks.e2e import model as m
 
-    result = _run(tmp_path, "--variants", "jax_mok_fp8_block")
+    tmp_path, result, _ = all_variants
     _check(result, tmp_path)
     record = result["variants"]["jax_mok_fp8_block"]
+    assert record["status"] == "ok"
     assert record["quantization"] == "fp8_block" and not record["fp8_weights_per_step"]
     assert record["fp8_path"].startswith("pure-jax")
     assert result["config"]["quantization"] is None  # the run's model: the BF16 one
@@ -90,26 +116,19 @@ def test_e2e_prepared_variant_needs_fp8_weights(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_e2e_prepared_variant_passes_fp8_weights(tmp_path, monkeypatch):
+def test_e2e_prepared_variant_passes_fp8_weights(all_variants):
     """The prepared variant makes the FP8 weights once per step for every layer (one traced call
     of jax_mok.fp8_weights, vmapped over the stacked layers, from the bf16 compute dtype) and
-    trains exactly like the variant that quantizes in every call: the same losses."""
-    import jax.numpy as jnp
-
+    trains exactly like the variant that quantizes in every call: the same losses. (No other
+    variant calls jax_mok.fp8_weights, so the run's calls are the prepared variant's.)"""
     import jax_mok
 
-    real = jax_mok.fp8_weights
-    calls = []
-
-    def counting_fp8_weights(params, **kwargs):
-        calls.append((params.w_gate_up.shape, jnp.dtype(kwargs.get("dtype")).name))
-        return real(params, **kwargs)
-
-    monkeypatch.setattr(jax_mok, "fp8_weights", counting_fp8_weights)
-    result = _run(tmp_path, "--variants", "jax_mok_fp8_block,jax_mok_fp8_block_prepared")
+    assert hasattr(jax_mok, "fp8_weights")
+    tmp_path, result, calls = all_variants
     _check(result, tmp_path)
     plain = result["variants"]["jax_mok_fp8_block"]
     record = result["variants"]["jax_mok_fp8_block_prepared"]
+    assert plain["status"] == record["status"] == "ok"
     assert record["quantization"] == "fp8_block" and record["fp8_weights_per_step"]
     E, H, F = (result["config"][k] for k in ("experts", "hidden", "ffn"))
     assert calls == [((E, H, 2 * F), "bfloat16")]  # traced once: vmapped over the layers
@@ -117,10 +136,10 @@ def test_e2e_prepared_variant_passes_fp8_weights(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_e2e_tiny_all_variants(tmp_path):
+def test_e2e_tiny_all_variants(all_variants):
     import jax_mok
 
-    result = _run(tmp_path)
+    tmp_path, result, _ = all_variants
     assert list(result["variants"]) == ["jax_mok", "jax_mok_fp8_block", "jax_mok_mxfp8",
                                         "jax_mok_fp8_block_prepared", "padded", "reference"]
     _check(result, tmp_path)

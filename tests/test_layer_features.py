@@ -4,6 +4,7 @@ and zero tokens. Runs on the reference and on the CPU kernels."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -141,6 +142,15 @@ def test_shared_expert_gate_flax_modules():
 NAN_CONFIG = jax_mok.MoEConfig(num_experts=6, top_k=2, hidden_size=16, ffn_size=8)
 
 
+@functools.cache
+def _jitted(impl: str):
+    """The layer and its d x for ``impl``, jitted once: the cases below differ in weight values
+    only, so they share the compiled programs (one compile per impl, not per case)."""
+    fn = jax.jit(lambda x, p: jax_mok.moe(x, p, implementation=impl))
+    grad = jax.jit(jax.grad(lambda x, p: jnp.sum(jax_mok.moe(x, p, implementation=impl))))
+    return fn, grad
+
+
 def _poisoned(weight: str, value: float):
     params = testing.random_params(jax.random.key(7), NAN_CONFIG, jnp.float32)
     bad = getattr(params, weight).at[2, 3, 5].set(value)  # one entry of expert 2
@@ -158,11 +168,10 @@ def test_nonfinite_expert_reaches_only_its_tokens(impl, weight, value):
     """A non-finite weight of expert 2: its tokens' outputs and d x are non-finite, every other
     token's are finite and bitwise what they were with clean weights."""
     x, clean, bad, users, _ = _poisoned(weight, value)
-    fn = jax.jit(lambda x, p: jax_mok.moe(x, p, implementation=impl))
+    fn, grad = _jitted(impl)
     y_bad, y_clean = np.asarray(fn(x, bad)), np.asarray(fn(x, clean))
     assert not np.isfinite(y_bad[users]).all(axis=-1).any()
     np.testing.assert_array_equal(y_bad[~users], y_clean[~users])
-    grad = jax.jit(jax.grad(lambda x, p: jnp.sum(jax_mok.moe(x, p, implementation=impl))))
     g_bad, g_clean = np.asarray(grad(x, bad)), np.asarray(grad(x, clean))
     np.testing.assert_array_equal(g_bad[~users], g_clean[~users])
     assert not np.isfinite(g_bad[users]).all(axis=-1).any()
@@ -174,6 +183,7 @@ def test_nonfinite_expert_padded_einsum(weight):
     x, clean, bad, users, r = _poisoned(weight, np.nan)
     capacity = int(r.expert_counts.max()) + 5  # spare slots: padding rows exist in every expert
 
+    @jax.jit  # one compile for both weights (and one for the gradient), not op-by-op
     def fn(x, p):
         return reference.routed_experts_padded(x, r.topk_ids, r.topk_weights, p.w_gate_up,
                                                p.w_down, capacity)
@@ -181,15 +191,17 @@ def test_nonfinite_expert_padded_einsum(weight):
     y_bad, y_clean = np.asarray(fn(x, bad)), np.asarray(fn(x, clean))
     assert np.isnan(y_bad[users]).any(-1).all()
     np.testing.assert_array_equal(y_bad[~users], y_clean[~users])
-    g_bad = np.asarray(jax.grad(lambda x: jnp.sum(fn(x, bad)))(x))
-    g_clean = np.asarray(jax.grad(lambda x: jnp.sum(fn(x, clean)))(x))
+    grad = jax.jit(jax.grad(lambda x, p: jnp.sum(fn(x, p))))
+    g_bad = np.asarray(grad(x, bad))
+    g_clean = np.asarray(grad(x, clean))
     np.testing.assert_array_equal(g_bad[~users], g_clean[~users])
 
 
 def test_nonfinite_expert_weight_gradients_stay_in_the_expert():
     """Weight gradients of the other experts are finite on the reference path."""
     x, _, bad, _, _ = _poisoned("w_gate_up", np.nan)
-    g = jax.grad(lambda p: jnp.nansum(jax_mok.moe(x, p, implementation="reference")))(bad)
+    g = jax.jit(jax.grad(lambda p: jnp.nansum(jax_mok.moe(x, p, implementation="reference"))))(
+        bad)
     for name in ("w_gate_up", "w_down"):
         finite = np.isfinite(np.asarray(getattr(g, name))).all(axis=(1, 2))
         assert finite.tolist() == [True, True, False, True, True, True], name
