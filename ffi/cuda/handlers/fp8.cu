@@ -226,9 +226,9 @@ ffi::Error MoeBwdSavedFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, in
                           AnyBuffer dy, AnyBuffer dy_q, AnyBuffer dy_s, AnyBuffer x, AnyBuffer x_q,
                           AnyBuffer x_s, AnyBuffer ids, AnyBuffer w, AnyBuffer wd_b,
                           AnyBuffer wd_bs, AnyBuffer wgu_b, AnyBuffer wgu_bs, AnyBuffer h,
-                          ffi::Result<AnyBuffer> dx,
-                          ffi::Result<AnyBuffer> d_w, ffi::Result<AnyBuffer> d_wgu,
-                          ffi::Result<AnyBuffer> d_wd, int32_t recipe) {
+                          ffi::Result<AnyBuffer> dx, ffi::Result<AnyBuffer> d_w,
+                          ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd,
+                          int32_t recipe) {
   return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, nullptr,
                       nullptr, wd_b, wd_bs, wgu_b, wgu_bs, &h, dx, d_w, d_wgu, d_wd, recipe);
 }
@@ -350,9 +350,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdFp8Cuda, mok::cuda::fp8::MoeBwdFp8,
 
 // dy, dy_q, dy_s, x, x_q, x_s, topk_ids, topk_weights, w_down_b + scales, w_gate_up_b + scales,
 // h.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedFp8Cuda, mok::cuda::fp8::MoeBwdSavedFp8,
-                              Fp8GradientRets(mok::AppendBuffers<13>(
-                                  mok::cuda::BindStreamScratchDevice())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    MokMoeBwdSavedFp8Cuda, mok::cuda::fp8::MoeBwdSavedFp8,
+    Fp8GradientRets(mok::AppendBuffers<13>(mok::cuda::BindStreamScratchDevice())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeCuda, mok::cuda::fp8::Quantize,
                               mok::cuda::BindStreamDevice()
