@@ -141,15 +141,12 @@ def test_fp8_layer_follows_the_same_rule(fake_gpu):
     w_gate_up = jax.random.normal(keys[2], (E, H, 2 * F)) / np.sqrt(H)
     w_down = jax.random.normal(keys[3], (E, F, H)) / np.sqrt(F)
     args = (x, ids, weights, w_gate_up, w_down, "mxfp8")
-    # Jitted (the choice is made at trace time either way): one compile per call instead of
-    # the pure-JAX FP8 layer's op-by-op dispatch.
-    expected = jax.jit(fp8.routed_experts_fp8, static_argnums=5)(*args)
+    expected = fp8.routed_experts_fp8(*args)
     fake_gpu("8.0")
     assert "compute capability 8.0" in kernels_fp8.cuda_limits(H, F)
     with pytest.warns(UserWarning, match="pure-JAX FP8 layer because this GPU has compute "
                                          "capability 8.0"):
-        y = jax.jit(lambda *a: kernels_fp8.routed_experts_fp8(*a, "mxfp8",
-                                                              implementation="ffi"))(*args[:5])
+        y = kernels_fp8.routed_experts_fp8(*args, implementation="ffi")
     np.testing.assert_array_equal(np.asarray(y), np.asarray(expected))
     with pytest.raises(ValueError, match="compute capability 8.0"):
         kernels_fp8.routed_experts_fp8(*args, implementation="cuda")
