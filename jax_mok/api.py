@@ -128,6 +128,10 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
                 f"jax_mok.moe: fp8_weights with a mesh plan ({kind}) are not supported; leave "
                 "them out (the layer then quantizes its local experts in each call), or call "
                 "the layer inside your own shard_map with per-device fp8_weights")
+        if not _traced(x, params):
+            # Eagerly, the shard_map below would run op by op and compile every op of the layer
+            # again on each call (~200 programs); jitted once per plan and options instead.
+            return _jitted_expert_parallel(plan, return_aux, implementation, tuning)(x, params)
         return ep.moe_expert_parallel(x, params, plan, return_aux=return_aux,
                                       implementation=implementation, tuning=tuning)
     if math.prod(x.shape[:-1]) == 0:
@@ -150,6 +154,22 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         experts = functools.partial(autodiff.routed_experts, implementation=implementation,
                                     save_activations=config.save_activations, tuning=tuning)
     return reference.layer(x, params, experts, return_aux=return_aux)
+
+
+def _traced(*trees) -> bool:
+    """Whether any array leaf of ``trees`` is a tracer (the call is being traced by jit, grad,
+    vmap or a shard_map), as opposed to an eager call on concrete arrays."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_expert_parallel(plan, return_aux: bool, implementation: str, tuning: Tuning):
+    """:func:`jax_mok.ep.moe_expert_parallel` for eager calls: one jitted function per plan and
+    options (all hashable: frozen dataclasses and a mesh), whose compiled programs jit caches by
+    the arguments' shapes and shardings."""
+    return jax.jit(functools.partial(ep.moe_expert_parallel, ep_plan=plan,
+                                     return_aux=return_aux, implementation=implementation,
+                                     tuning=tuning))
 
 
 def _partitioned_experts(x, params: MoEParams, implementation: str) -> bool:

@@ -519,11 +519,15 @@ def test_auto_transport_falls_back_with_one_warning(monkeypatch):
 
 def test_info_says_which_transport_auto_picks():
     """``python -m jax_mok info`` names the expert-parallel transport ``auto`` would pick over
-    every device, with the reason (on CPU devices: "xla", not a CUDA GPU)."""
+    every device, with the reason (on CPU devices: "xla", because they are not CUDA GPUs, or,
+    where the CUDA extension is not built, because of that: it is checked first)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "jax_mok", "info"], capture_output=True,
                           text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = [ln for ln in proc.stdout.splitlines() if "expert parallelism" in ln]
-    assert line and "transport 'xla'" in line[0] and "not a CUDA GPU" in line[0], proc.stdout
+    from jax_mok.kernels import _ffi
+
+    reason = "not a CUDA GPU" if _ffi.kernels_built("cuda") else "is not built"
+    assert line and "transport 'xla'" in line[0] and reason in line[0], proc.stdout

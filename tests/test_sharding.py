@@ -160,6 +160,38 @@ def test_context_manager_and_token_axes():
         assert plan.transport == "auto"  # unnamed: JAX_MOK_TRANSPORT, unset here
 
 
+def test_eager_calls_on_a_mesh_compile_once():
+    """An eager call with a mesh runs jitted (the shard_map would otherwise dispatch op by op
+    and compile every op again on each call: ~200 programs): the second call compiles nothing,
+    and the value is the jitted call's."""
+    from jax_mok import api
+
+    config = jax_mok.MoEConfig(hidden_size=32, ffn_size=64, num_experts=8, top_k=2)
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    x = jax.random.normal(jax.random.key(1), (16, 32))
+    mesh = _mesh(2, 4)
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        first = jax_mok.moe(x, params, mesh=mesh)
+        n_first = len(compiles)
+        second = jax_mok.moe(x, params, mesh=mesh)
+        n_second = len(compiles) - n_first
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert n_first > 0, "the listener saw no compilation: the check below would prove nothing"
+    assert n_second == 0, f"the second eager call compiled {n_second} programs"
+    assert api._jitted_expert_parallel.cache_info().hits >= 1
+    jitted = jax.jit(lambda x, p: jax_mok.moe(x, p, mesh=mesh))(x, params)
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(second))
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(jitted))
+
+
 def test_errors_name_the_problem():
     config = jax_mok.MoEConfig(num_experts=6, top_k=2, hidden_size=16, ffn_size=8)
     params = testing.random_params(jax.random.key(0), config)
