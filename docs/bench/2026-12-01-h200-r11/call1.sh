@@ -24,7 +24,8 @@ use .device/ext-next
 # warpgroups (named barrier 2), and a hang must cost 2 minutes, not the suite's 5.
 JAX_MOK_REQUIRE_CUDA=1 PYTHONPATH=$PWD timeout 120 python3 -m pytest -q -x tests/test_cuda_fp8.py \
   -k "saved_equals_recomputed or (matches_fp8_reference and 300)" > "$OUT/fp8_smoke_next.log" 2>&1
-echo "fp8 smoke (next) rc=$?"; tail -4 "$OUT/fp8_smoke_next.log"
+rc=$?; echo "fp8 smoke (next) rc=$rc"; tail -15 "$OUT/fp8_smoke_next.log"
+[ $rc -eq 0 ] || exit 1
 mkdir -p "$OUT/suite"
 EXT_DIR=.device/ext-next OUT=$OUT/suite TAIL=2 bash tools/gpu_round.sh suite > "$OUT/suite.log" 2>&1
 tail -6 "$OUT/suite.log"
