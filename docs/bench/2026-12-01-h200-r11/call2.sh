@@ -1,14 +1,7 @@
 #!/bin/bash
-# Call 2 of next_call.sh (the A/B timings and the branch's profile) (one nvidia-h200; carry=[".device/ext", ".device/ext-next"]):
-#   .device/ext      main's extension (the kernels that ran last)
-#   .device/ext-next branch wip/fp8-next (= main + fp8-next.patch): the FP8 consumer in quarters
-#                    with the ptxas-clean pipeline, dh quantized along 2F and along tokens and w*a
-#                    along tokens in the dy·Wdᵀ epilogue, the conflict-free quantize_segments
-# both built on the CPU machine for Python 3.12 / jax 0.11.2 (/work/build312_dir.sh: pip wheel -v
-# with JAX_MOK_CUDA=1, the .so files unzipped; tools/check_ptxas.py on its log). Order: the FP8
-# tests on the branch first (they decide whether anything else of it counts), then the whole
-# suite on it, then the same timings on both builds (the A/B), then the branch's per-phase
-# profile of S1 and S2. About 15 minutes of device time.
+# Eleventh session, device call 2 (carry as call1.sh): the same timings on both builds (the A/B:
+# .device/ext = main's kernels, .device/ext-next = branch wip/fp8-next), then the branch's
+# per-phase profile of S1 and S2 in fp8_block.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
 use() { cp "$1"/_mok_c*.so jax_mok/ && echo "extension: $1"; }
