@@ -348,3 +348,49 @@ def test_bad_arguments_name_the_problem():
         qz.dequantize_mxfp8(x, scales)
     with pytest.raises(TypeError, match="scales must be float32, got float8_e8m0fnu"):
         qz.dequantize_fp8_block(values, scales)
+
+
+def test_cuda_block_quantizer_bracket_holds():
+    """The CUDA fp8_block quantizer (ffi/cuda/device/fp8_format.cuh, quantize_pair) replaces the
+    IEEE division x / div by two products x * lo, x * hi with lo, hi = RN(RN(1/div) * (1 -+
+    2^-21)), keeping their E4M3 byte where both agree and dividing otherwise. Its exactness rests
+    on RN(x / div) lying between the two products; checked here in numpy float32 (IEEE, round to
+    nearest) on quotients placed within a few ulp of every E4M3 rounding boundary, and on random
+    blocks, where the division must stay rare."""
+    e4m3 = ml_dtypes.float8_e4m3fn
+
+    def byte(q):
+        return np.clip(q, -448, 448).astype(e4m3).view(np.uint8)
+
+    rng = np.random.default_rng(11)
+    f32 = np.float32
+    # boundaries: midpoints between neighbouring E4M3 magnitudes (subnormals included)
+    mags = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(e4m3).astype(np.float32)))
+    mags = mags[np.isfinite(mags)]
+    mids = ((mags[:-1].astype(np.float64) + mags[1:]) / 2).astype(f32)
+    exps = rng.integers(-117, 118, 400).astype(f32)
+    div = (np.float32(2.0) ** exps * rng.uniform(1, 2, 400).astype(f32)).astype(f32)
+    steps = np.arange(-12, 13, dtype=f32) * f32(2.0**-24)
+    q = (mids[None, :, None] * (1 + steps[None, None, :])).astype(f32)
+    x = (q * div[:, None, None]).astype(f32)
+    x = np.concatenate([x, -x], axis=1)
+    d = np.broadcast_to(div[:, None, None], x.shape).astype(f32)
+    r = (f32(1) / d).astype(f32)
+    lo = (r * f32(1 - 2.0**-21)).astype(f32)
+    hi = (r * f32(1 + 2.0**-21)).astype(f32)
+    exact = (x / d).astype(f32)
+    blo, bhi, bex = byte((x * lo).astype(f32)), byte((x * hi).astype(f32)), byte(exact)
+    agree = blo == bhi
+    assert np.all(bex[agree] == blo[agree]), "the bracket missed RN(x / div)"
+    assert 0.2 < agree.mean() < 0.95, agree.mean()  # both outcomes exercised near boundaries
+    # random blocks: the products bracket RN(x / div) and agree on nearly every value
+    vals = rng.standard_normal((2000, 128)).astype(f32) * f32(2.0) ** rng.integers(
+        -60, 60, (2000, 1)).astype(f32)
+    d = (np.abs(vals).max(axis=1, keepdims=True) / f32(448)).astype(f32)
+    r = (f32(1) / d).astype(f32)
+    blo = byte((vals * (r * f32(1 - 2.0**-21)).astype(f32)).astype(f32))
+    bhi = byte((vals * (r * f32(1 + 2.0**-21)).astype(f32)).astype(f32))
+    bex = byte((vals / d).astype(f32))
+    agree = blo == bhi
+    assert np.all(bex[agree] == blo[agree])
+    assert agree.mean() > 0.999, agree.mean()

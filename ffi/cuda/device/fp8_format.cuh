@@ -61,6 +61,7 @@ __device__ __forceinline__ int mx_exponent(float amax) {
 struct BlockScale {
   float mul = 1.f;         // mxfp8: x * mul, mul = 2^-e
   float div = 1.f;         // fp8_block: x / div, div = the stored scale
+  float lo = 1.f, hi = 1.f;  // fp8_block: x * lo and x * hi bracket RN(x / div) (quantize_pair)
   uint32_t stored = 0;     // mxfp8: the E8M0 byte; fp8_block: the float32 bits
   bool nonfinite = false;  // a NaN or an infinity in the block
 };
@@ -83,20 +84,35 @@ __device__ __forceinline__ BlockScale block_scale(float amax) {
     const float scale = amax / 448.f;
     s.div = s.nonfinite ? __int_as_float(0x7FC00000) : (scale >= kMinBlockScale ? scale : 1.f);
     s.stored = __float_as_uint(s.div);
+    const float r = 1.f / s.div;  // RN(1 / div): normal, since 2^-117 <= div < 2^120
+    s.lo = r * (1.f - 0x1p-21f);
+    s.hi = r * (1.f + 0x1p-21f);
   }
   return s;
 }
 
+__device__ __forceinline__ uint16_t e4m3x2(float x, float y) {
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3));
+}
+
 // Two adjacent values to two E4M3 bytes (low byte = v.x), round to nearest even, saturating.
+// fp8_block without the IEEE division on the common path: with u = 2^-24 and Q = |x| / div,
+//   |x| * lo <= Q (1+u)^3 (1 - 8u) < Q (1 - u) <= RN(Q) <= Q (1 + u) < Q (1-u)^3 (1 + 8u) <= |x| * hi
+// (each factor (1 +- u) one rounding: of 1/div, of lo or hi, of the product), wherever Q is a
+// normal float32; where it is not, all three round to a zero of x's sign. E4M3 rounding is
+// monotonic in the magnitude, so when both ends give the same byte that is RN(Q)'s byte. They
+// differ only within ~5u of an E4M3 rounding boundary (~2^-15 of the values): then divide.
 template <Recipe R>
 __device__ __forceinline__ uint16_t quantize_pair(float2 v, const BlockScale& s) {
   if (s.nonfinite) return 0x7F7Fu;
   if constexpr (R == Recipe::kMx) {
-    v.x *= s.mul, v.y *= s.mul;
+    return e4m3x2(v.x * s.mul, v.y * s.mul);  // a power of two: exact
   } else {
-    v.x = v.x / s.div, v.y = v.y / s.div;
+    const uint16_t lo = e4m3x2(v.x * s.lo, v.y * s.lo);
+    if (lo == e4m3x2(v.x * s.hi, v.y * s.hi)) return lo;
+    return e4m3x2(v.x / s.div, v.y / s.div);
   }
-  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
 }
 
 // The float32 factor of one stored scale (for the GEMMs' promotion).

@@ -73,7 +73,10 @@ __device__ __forceinline__ float4 load4<bf16>(const bf16* src) {
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-__device__ __forceinline__ float sigmoidf(float v) { return 1.f / (1.f + __expf(-v)); }
+// 1 / (1 + e^-v) with the approximate reciprocal (MUFU.RCP): within 2 ulp of the correctly
+// rounded one, whose IEEE division (Newton steps, a slow-path branch) cost more than the rest of
+// the SwiGLU epilogues; __expf is approximate already. 0 where e^-v overflows, NaN stays NaN.
+__device__ __forceinline__ float sigmoidf(float v) { return __fdividef(1.f, 1.f + __expf(-v)); }
 
 // ------------------------------------------------------------------ accumulator fragments
 // The wgmma m64nNk16 f32 accumulator layout, which the SIMT path reproduces so that both share
