@@ -110,13 +110,9 @@ cudaError_t launch_quantize_rows(const T* src, int64_t ld, const int* gather, in
 
 constexpr int kSegRows = 128, kSegCols = 64;
 
-// One CTA per 128 padded positions (one scale block: k_offset is a multiple of 128, so the block
-// lies in one expert), walking its columns 64 at a time: the positions' source rows are resolved
-// once, and the next 128 x 64 tile's loads are in flight while this one is quantized (the pass
-// is memory-bound; one CTA per tile spent most of its life resolving rows). Per tile the threads
-// stage it as float32 in smem (row-major, one padding column), then thread (c = tid / 4,
-// q = tid % 4) quantizes the 32 positions 32q.. of column c and stores them as two 16-byte
-// vectors.
+// Block (x: 128 padded positions, y: 64 columns). Threads first stage the tile as float32 in
+// smem (row-major, one padding column), then thread (c = tid / 4, q = tid % 4) quantizes the 32
+// positions 32q.. of column c and stores them as two 16-byte vectors.
 template <class T, Recipe R>
 __global__ void __launch_bounds__(256)
     quantize_segments_kernel(const T* __restrict__ src, int64_t ld, const int* gather,
@@ -126,7 +122,7 @@ __global__ void __launch_bounds__(256)
                              uint8_t* __restrict__ scales) {
   __shared__ float tile[kSegRows][kSegCols + 1];
   __shared__ int64_t src_row[kSegRows];
-  const int p0 = blockIdx.x * kSegRows, tid = threadIdx.x;
+  const int p0 = blockIdx.x * kSegRows, c0 = blockIdx.y * kSegCols, tid = threadIdx.x;
   if (p0 >= k_offset[experts]) return;  // past the last expert's padded positions
   if (tid < kSegRows) {
     const int p = p0 + tid;
@@ -147,55 +143,48 @@ __global__ void __launch_bounds__(256)
   constexpr int kVec = 16 / sizeof(T);      // elements per 16-byte load
   constexpr int kPerRow = kSegCols / kVec;  // loads per tile row
   constexpr int kLoads = kSegRows * kPerRow / 256;
-  uint4 raw[kLoads];
-  auto load_tile = [&](int c0) {
+  uint4 raw[kLoads];  // every load issued before the first store (the pass is memory-bound)
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
-      const int64_t row = src_row[r];
-      raw[l] = row >= 0 ? *reinterpret_cast<const uint4*>(src + row * ld + c0 + v * kVec)
-                        : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
+  for (int l = 0; l < kLoads; ++l) {
+    const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
+    const int64_t row = src_row[r];
+    raw[l] = row >= 0 ? *reinterpret_cast<const uint4*>(src + row * ld + c0 + v * kVec)
+                      : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) {
+    const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
+    const T* e = reinterpret_cast<const T*>(&raw[l]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) tile[r][v * kVec + j] = to_float(e[j]);
+  }
+  __syncthreads();
   const int c = tid >> 2, q = tid & 3;
-  load_tile(0);
-  for (int c0 = 0; c0 < cols; c0 += kSegCols) {
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
-      const T* e = reinterpret_cast<const T*>(&raw[l]);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) tile[r][v * kVec + j] = to_float(e[j]);
-    }
-    if (c0 + kSegCols < cols) load_tile(c0 + kSegCols);  // in flight during this tile's work
-    __syncthreads();
-    float m = 0.f;
+  float m = 0.f;
 #pragma unroll 8
-    for (int j = 0; j < 32; ++j) m = amax_combine(m, tile[32 * q + j][c]);
-    if constexpr (R == Recipe::kBlock) {
-      m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the column's 4 threads
-      m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    }
-    const BlockScale s = block_scale<R>(m);
-    uint32_t words[8];
+  for (int j = 0; j < 32; ++j) m = amax_combine(m, tile[32 * q + j][c]);
+  if constexpr (R == Recipe::kBlock) {
+    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the column's 4 threads
+    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  }
+  const BlockScale s = block_scale<R>(m);
+  uint32_t words[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t lo = quantize_pair<R>(
-          make_float2(tile[32 * q + 4 * j][c], tile[32 * q + 4 * j + 1][c]), s);
-      const uint32_t hi = quantize_pair<R>(
-          make_float2(tile[32 * q + 4 * j + 2][c], tile[32 * q + 4 * j + 3][c]), s);
-      words[j] = lo | (hi << 16);
-    }
-    __syncthreads();  // the tile is free for the next column tile
-    uint8_t* dst = out + static_cast<int64_t>(c0 + c) * padded_rows + p0 + 32 * q;
-    reinterpret_cast<uint4*>(dst)[0] = make_uint4(words[0], words[1], words[2], words[3]);
-    reinterpret_cast<uint4*>(dst)[1] = make_uint4(words[4], words[5], words[6], words[7]);
-    uint8_t* col_scales = scales + static_cast<int64_t>(c0 + c) * (padded_rows / 32);
-    if constexpr (R == Recipe::kMx) {
-      col_scales[p0 / 32 + q] = static_cast<uint8_t>(s.stored);
-    } else {
-      if (q == 0) reinterpret_cast<uint32_t*>(col_scales)[p0 / 128] = s.stored;
-    }
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t lo =
+        quantize_pair<R>(make_float2(tile[32 * q + 4 * j][c], tile[32 * q + 4 * j + 1][c]), s);
+    const uint32_t hi =
+        quantize_pair<R>(make_float2(tile[32 * q + 4 * j + 2][c], tile[32 * q + 4 * j + 3][c]), s);
+    words[j] = lo | (hi << 16);
+  }
+  uint8_t* dst = out + static_cast<int64_t>(c0 + c) * padded_rows + p0 + 32 * q;
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(words[0], words[1], words[2], words[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(words[4], words[5], words[6], words[7]);
+  uint8_t* col_scales = scales + static_cast<int64_t>(c0 + c) * (padded_rows / 32);
+  if constexpr (R == Recipe::kMx) {
+    col_scales[p0 / 32 + q] = static_cast<uint8_t>(s.stored);
+  } else {
+    if (q == 0) reinterpret_cast<uint32_t*>(col_scales)[p0 / 128] = s.stored;
   }
 }
 
@@ -204,7 +193,8 @@ cudaError_t launch_quantize_segments(const T* src, int64_t ld, const int* gather
                                      const int* expert_offset, const int* k_offset, int experts,
                                      int cols, int64_t padded_rows, uint8_t* out, uint8_t* scales,
                                      cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(padded_rows / kSegRows));
+  const dim3 grid(static_cast<unsigned>(padded_rows / kSegRows),
+                  static_cast<unsigned>(cols / kSegCols));
   quantize_segments_kernel<T, R><<<grid, 256, 0, stream>>>(src, ld, gather, expert_offset, k_offset,
                                                            experts, cols, padded_rows, out, scales);
   return cudaGetLastError();
