@@ -98,8 +98,7 @@ __device__ __forceinline__ uint16_t e4m3x2(float x, float y) {
 
 // Two adjacent values to two E4M3 bytes (low byte = v.x), round to nearest even, saturating.
 // fp8_block without the IEEE division on the common path: with u = 2^-24 and Q = |x| / div,
-//   |x| * lo <= Q (1+u)^3 (1 - 8u) < Q (1 - u) <= RN(Q) <= Q (1 + u) < Q (1-u)^3 (1 + 8u) <= |x| *
-//   hi
+//   |x| lo <= Q (1+u)^3 (1-8u) < Q (1-u) <= RN(Q) <= Q (1+u) < Q (1-u)^3 (1+8u) <= |x| hi
 // (each factor (1 +- u) one rounding: of 1/div, of lo or hi, of the product), wherever Q is a
 // normal float32; where it is not, all three round to a zero of x's sign. E4M3 rounding is
 // monotonic in the magnitude, so when both ends give the same byte that is RN(Q)'s byte. They
