@@ -358,39 +358,38 @@ def test_cuda_block_quantizer_bracket_holds():
     nearest) on quotients placed within a few ulp of every E4M3 rounding boundary, and on random
     blocks, where the division must stay rare."""
     e4m3 = ml_dtypes.float8_e4m3fn
+    f32 = np.float32
 
     def byte(q):
         return np.clip(q, -448, 448).astype(e4m3).view(np.uint8)
 
+    def bracket(x, d):
+        """The kernel's byte from x * lo, and where x * hi gives the same one."""
+        r = (f32(1) / d).astype(f32)
+        blo = byte((x * (r * f32(1 - 2.0**-21)).astype(f32)).astype(f32))
+        bhi = byte((x * (r * f32(1 + 2.0**-21)).astype(f32)).astype(f32))
+        return blo, blo == bhi
+
     rng = np.random.default_rng(11)
-    f32 = np.float32
     # boundaries: midpoints between neighbouring E4M3 magnitudes (subnormals included)
     mags = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(e4m3).astype(np.float32)))
     mags = mags[np.isfinite(mags)]
     mids = ((mags[:-1].astype(np.float64) + mags[1:]) / 2).astype(f32)
     exps = rng.integers(-117, 118, 400).astype(f32)
-    div = (np.float32(2.0) ** exps * rng.uniform(1, 2, 400).astype(f32)).astype(f32)
+    div = (np.float32(2.0) ** exps * rng.uniform(1, 2, 400).astype(f32)).astype(f32)[:, None, None]
     steps = np.arange(-12, 13, dtype=f32) * f32(2.0**-24)
     q = (mids[None, :, None] * (1 + steps[None, None, :])).astype(f32)
-    x = (q * div[:, None, None]).astype(f32)
+    x = (q * div).astype(f32)
     x = np.concatenate([x, -x], axis=1)
-    d = np.broadcast_to(div[:, None, None], x.shape).astype(f32)
-    r = (f32(1) / d).astype(f32)
-    lo = (r * f32(1 - 2.0**-21)).astype(f32)
-    hi = (r * f32(1 + 2.0**-21)).astype(f32)
-    exact = (x / d).astype(f32)
-    blo, bhi, bex = byte((x * lo).astype(f32)), byte((x * hi).astype(f32)), byte(exact)
-    agree = blo == bhi
+    blo, agree = bracket(x, div)
+    bex = byte((x / div).astype(f32))
     assert np.all(bex[agree] == blo[agree]), "the bracket missed RN(x / div)"
     assert 0.2 < agree.mean() < 0.95, agree.mean()  # both outcomes exercised near boundaries
     # random blocks: the products bracket RN(x / div) and agree on nearly every value
     vals = rng.standard_normal((2000, 128)).astype(f32) * f32(2.0) ** rng.integers(
         -60, 60, (2000, 1)).astype(f32)
     d = (np.abs(vals).max(axis=1, keepdims=True) / f32(448)).astype(f32)
-    r = (f32(1) / d).astype(f32)
-    blo = byte((vals * (r * f32(1 - 2.0**-21)).astype(f32)).astype(f32))
-    bhi = byte((vals * (r * f32(1 + 2.0**-21)).astype(f32)).astype(f32))
+    blo, agree = bracket(vals, d)
     bex = byte((vals / d).astype(f32))
-    agree = blo == bhi
     assert np.all(bex[agree] == blo[agree])
     assert agree.mean() > 0.999, agree.mean()
