@@ -39,7 +39,9 @@ __device__ __forceinline__ void load8(const T* src, float* f) {
 // Half a warp per 128 columns of a row (an "item"): lane l of the half holds columns
 // 8l..8l+7, so a recipe's block is 4 lanes (mxfp8) or the 16 (fp8_block). Each half-warp takes
 // kRowUnroll items per round, every load issued before the first use (memory-level
-// parallelism: the pass is memory-bound).
+// parallelism: the pass is memory-bound). Item i is (row i / chunks, chunk i % chunks); a thread
+// advances its items' (row, chunk) by the grid's stride with an add and a carry, not a 64-bit
+// division per item (which cost more issue slots than the quantization itself).
 constexpr int kRowUnroll = 4;
 
 template <class T, Recipe R>
@@ -50,20 +52,27 @@ __global__ void __launch_bounds__(256)
   const int hl = threadIdx.x & 15;  // lane within the half-warp
   const int limit = rows_limit ? min(rows, *rows_limit) : rows;
   const int chunks = cols / 128;
-  const int64_t work = static_cast<int64_t>(limit) * chunks;
   const int64_t halves = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 4);
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 4;
+  const int64_t stride = halves * kRowUnroll;  // items per round of the whole grid
+  const int stride_rows = static_cast<int>(stride / chunks);
+  const int stride_chunks = static_cast<int>(stride % chunks);
+  int row[kRowUnroll], chunk[kRowUnroll];  // of item first + u * halves (+ rounds * stride)
+#pragma unroll
+  for (int u = 0; u < kRowUnroll; ++u) {
+    const int64_t item = first + u * halves;
+    const int64_t r = item / chunks;
+    row[u] = r < rows ? static_cast<int>(r) : rows;
+    chunk[u] = static_cast<int>(item % chunks);
+  }
   constexpr int kLanes = kScaleBlock<R> / 8;  // lanes per scale block: 4 or 16
-  for (int64_t base = first; base < work; base += halves * kRowUnroll) {
+  while (row[0] < limit) {                    // item u = 0 has the lowest index of the round
     float v[kRowUnroll][8];
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
-      const int64_t item = base + u * halves;
-      if (item < work) {
-        const int row = static_cast<int>(item / chunks);
-        const int c0 = static_cast<int>(item % chunks) * 128;
-        const int64_t src_row = gather ? gather[row] : row;
-        load8(src + src_row * ld + c0 + 8 * hl, v[u]);
+      if (row[u] < limit) {
+        const int64_t src_row = gather ? gather[row[u]] : row[u];
+        load8(src + src_row * ld + chunk[u] * 128 + 8 * hl, v[u]);
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[u][j] = 0.f;
@@ -77,23 +86,28 @@ __global__ void __launch_bounds__(256)
       // every lane shuffles (inactive items hold zeros), within its half-warp's block lanes
 #pragma unroll
       for (int d = 1; d < kLanes; d <<= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
-      const int64_t item = base + u * halves;
-      if (item >= work) continue;
+      if (row[u] >= limit) continue;
       const BlockScale s = block_scale<R>(m);
       uint32_t q[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         q[j] = quantize_pair<R>(make_float2(v[u][2 * j], v[u][2 * j + 1]), s);
-      const int row = static_cast<int>(item / chunks);
-      const int c0 = static_cast<int>(item % chunks) * 128;
-      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row) * cols + c0 + 8 * hl) =
+      const int c0 = chunk[u] * 128;
+      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row[u]) * cols + c0 + 8 * hl) =
           make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
-      uint8_t* row_scales = scales + static_cast<int64_t>(row) * (cols / 32);
+      uint8_t* row_scales = scales + static_cast<int64_t>(row[u]) * (cols / 32);
       if constexpr (R == Recipe::kMx) {
         if ((hl & 3) == 0) row_scales[c0 / 32 + hl / 4] = static_cast<uint8_t>(s.stored);
       } else {
-        if (hl == 0) reinterpret_cast<uint32_t*>(row_scales)[c0 / 128] = s.stored;
+        if (hl == 0) reinterpret_cast<uint32_t*>(row_scales)[chunk[u]] = s.stored;
       }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      chunk[u] += stride_chunks;
+      const int carry = chunk[u] >= chunks;
+      chunk[u] -= carry ? chunks : 0;
+      row[u] = min(row[u] + stride_rows + carry, rows);  // clamped: no int overflow past the end
     }
   }
 }
@@ -109,10 +123,31 @@ cudaError_t launch_quantize_rows(const T* src, int64_t ld, const int* gather, in
 }
 
 constexpr int kSegRows = 128, kSegCols = 64;
+// Column tiles in flight per CTA: 16 KB each for bf16 (32 KB for float32), ~64 KB of ring.
+template <class T>
+constexpr int kSegStages = sizeof(T) == 2 ? 4 : 2;
+template <class T>
+constexpr size_t seg_smem_bytes() {
+  return static_cast<size_t>(kSegStages<T>) * kSegRows * kSegCols * sizeof(T) +
+         kSegRows * sizeof(int64_t) + 4 * kSegCols * sizeof(float);
+}
 
-// Block (x: 128 padded positions, y: 64 columns). Threads first stage the tile as float32 in
-// smem (row-major, one padding column), then thread (c = tid / 4, q = tid % 4) quantizes the 32
-// positions 32q.. of column c and stores them as two 16-byte vectors.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// One CTA per 128 padded positions: it resolves their source rows once, then walks all column
+// tiles of 64, the next kSegStages - 1 tiles' rows in flight by cp.async (16-byte chunks, zero-
+// filled for padding rows) while it quantizes the current one: a pass of short CTAs spent most
+// of each CTA's life resolving rows and waiting on its one batch of loads. Per tile, thread
+// (c = tid % 64, q = tid / 64) quantizes the 32 positions 32q.. of column c, read straight from
+// the staged rows in T (a warp reads 32 consecutive columns of one row: no bank conflict), and
+// stores them as two 16-byte vectors. fp8_block's block is a column's 128 positions, held by four
+// threads of different warps: their partial amaxes meet in smem.
 template <class T, Recipe R>
 __global__ void __launch_bounds__(256)
     quantize_segments_kernel(const T* __restrict__ src, int64_t ld, const int* gather,
@@ -120,9 +155,15 @@ __global__ void __launch_bounds__(256)
                              const int* __restrict__ k_offset, int experts, int cols,
                              int64_t padded_rows, uint8_t* __restrict__ out,
                              uint8_t* __restrict__ scales) {
-  __shared__ float tile[kSegRows][kSegCols + 1];
-  __shared__ int64_t src_row[kSegRows];
-  const int p0 = blockIdx.x * kSegRows, c0 = blockIdx.y * kSegCols, tid = threadIdx.x;
+  constexpr int kStages = kSegStages<T>;
+  constexpr int kVec = 16 / sizeof(T);      // elements per 16-byte chunk
+  constexpr int kChunks = kSegCols / kVec;  // chunks per tile row
+  constexpr int kTile = kSegRows * kSegCols;
+  extern __shared__ uint4 seg_smem[];
+  T* tiles = reinterpret_cast<T*>(seg_smem);  // [kStages][kSegRows][kSegCols]
+  int64_t* src_row = reinterpret_cast<int64_t*>(tiles + kStages * kTile);
+  float* part_amax = reinterpret_cast<float*>(src_row + kSegRows);  // [4][kSegCols]
+  const int p0 = blockIdx.x * kSegRows, tid = threadIdx.x;
   if (p0 >= k_offset[experts]) return;  // past the last expert's padded positions
   if (tid < kSegRows) {
     const int p = p0 + tid;
@@ -140,52 +181,63 @@ __global__ void __launch_bounds__(256)
         local < expert_offset[lo + 1] - expert_offset[lo] ? (gather ? gather[pos] : pos) : -1;
   }
   __syncthreads();
-  constexpr int kVec = 16 / sizeof(T);      // elements per 16-byte load
-  constexpr int kPerRow = kSegCols / kVec;  // loads per tile row
-  constexpr int kLoads = kSegRows * kPerRow / 256;
-  uint4 raw[kLoads];  // every load issued before the first store (the pass is memory-bound)
+  const int n_tiles = cols / kSegCols;
+  auto issue = [&](int ct) {  // column tile ct into stage ct % kStages
+    const uint32_t stage = smem_u32(tiles + (ct % kStages) * kTile);
 #pragma unroll
-  for (int l = 0; l < kLoads; ++l) {
-    const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
-    const int64_t row = src_row[r];
-    raw[l] = row >= 0 ? *reinterpret_cast<const uint4*>(src + row * ld + c0 + v * kVec)
-                      : make_uint4(0u, 0u, 0u, 0u);
-  }
+    for (int i = tid; i < kSegRows * kChunks; i += 256) {
+      const int r = i / kChunks, ch = i % kChunks;
+      const int64_t row = src_row[r];
+      cp_async_16(stage + (r * kSegCols + ch * kVec) * sizeof(T),
+                  row >= 0 ? src + row * ld + ct * kSegCols + ch * kVec : src, row >= 0);
+    }
+  };
 #pragma unroll
-  for (int l = 0; l < kLoads; ++l) {
-    const int i = tid + 256 * l, r = i / kPerRow, v = i % kPerRow;
-    const T* e = reinterpret_cast<const T*>(&raw[l]);
+  for (int ct = 0; ct < kStages - 1; ++ct) {
+    if (ct < n_tiles) issue(ct);
+    cp_async_commit();  // an empty group past the last tile keeps the count uniform
+  }
+  const int c = tid & (kSegCols - 1), q = tid / kSegCols;
+  uint8_t* col_out = out + p0 + 32 * q;
+  for (int ct = 0; ct < n_tiles; ++ct) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of tile ct have landed
+    __syncthreads();               // everyone's have; and tile ct - 1's stage is no longer read
+    if (ct + kStages - 1 < n_tiles) issue(ct + kStages - 1);
+    cp_async_commit();
+    const T* t = tiles + (ct % kStages) * kTile + 32 * q * kSegCols + c;
+    float x[32];
+    float m = 0.f;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) tile[r][v * kVec + j] = to_float(e[j]);
-  }
-  __syncthreads();
-  const int c = tid >> 2, q = tid & 3;
-  float m = 0.f;
-#pragma unroll 8
-  for (int j = 0; j < 32; ++j) m = amax_combine(m, tile[32 * q + j][c]);
-  if constexpr (R == Recipe::kBlock) {
-    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the column's 4 threads
-    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  }
-  const BlockScale s = block_scale<R>(m);
-  uint32_t words[8];
+    for (int j = 0; j < 32; ++j) {
+      x[j] = to_float(t[j * kSegCols]);
+      m = amax_combine(m, x[j]);
+    }
+    if constexpr (R == Recipe::kBlock) {
+      part_amax[q * kSegCols + c] = m;
+      __syncthreads();
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const uint32_t lo =
-        quantize_pair<R>(make_float2(tile[32 * q + 4 * j][c], tile[32 * q + 4 * j + 1][c]), s);
-    const uint32_t hi =
-        quantize_pair<R>(make_float2(tile[32 * q + 4 * j + 2][c], tile[32 * q + 4 * j + 3][c]), s);
-    words[j] = lo | (hi << 16);
+      for (int k = 0; k < 4; ++k) m = amax_combine(m, part_amax[k * kSegCols + c]);
+    }
+    const BlockScale s = block_scale<R>(m);
+    uint32_t words[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t lo = quantize_pair<R>(make_float2(x[4 * j], x[4 * j + 1]), s);
+      const uint32_t hi = quantize_pair<R>(make_float2(x[4 * j + 2], x[4 * j + 3]), s);
+      words[j] = lo | (hi << 16);
+    }
+    const int col = ct * kSegCols + c;
+    uint8_t* dst = col_out + static_cast<int64_t>(col) * padded_rows;
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(words[0], words[1], words[2], words[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(words[4], words[5], words[6], words[7]);
+    uint8_t* col_scales = scales + static_cast<int64_t>(col) * (padded_rows / 32);
+    if constexpr (R == Recipe::kMx) {
+      col_scales[p0 / 32 + q] = static_cast<uint8_t>(s.stored);
+    } else {
+      if (q == 0) reinterpret_cast<uint32_t*>(col_scales)[p0 / 128] = s.stored;
+    }
   }
-  uint8_t* dst = out + static_cast<int64_t>(c0 + c) * padded_rows + p0 + 32 * q;
-  reinterpret_cast<uint4*>(dst)[0] = make_uint4(words[0], words[1], words[2], words[3]);
-  reinterpret_cast<uint4*>(dst)[1] = make_uint4(words[4], words[5], words[6], words[7]);
-  uint8_t* col_scales = scales + static_cast<int64_t>(c0 + c) * (padded_rows / 32);
-  if constexpr (R == Recipe::kMx) {
-    col_scales[p0 / 32 + q] = static_cast<uint8_t>(s.stored);
-  } else {
-    if (q == 0) reinterpret_cast<uint32_t*>(col_scales)[p0 / 128] = s.stored;
-  }
+  cp_async_wait<0>();  // no copy outstanding at exit (only empty groups remain)
 }
 
 template <class T, Recipe R>
@@ -193,10 +245,13 @@ cudaError_t launch_quantize_segments(const T* src, int64_t ld, const int* gather
                                      const int* expert_offset, const int* k_offset, int experts,
                                      int cols, int64_t padded_rows, uint8_t* out, uint8_t* scales,
                                      cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(padded_rows / kSegRows),
-                  static_cast<unsigned>(cols / kSegCols));
-  quantize_segments_kernel<T, R><<<grid, 256, 0, stream>>>(src, ld, gather, expert_offset, k_offset,
-                                                           experts, cols, padded_rows, out, scales);
+  constexpr size_t smem = seg_smem_bytes<T>();
+  auto* kernel = quantize_segments_kernel<T, R>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(padded_rows / kSegRows), 256, smem, stream>>>(
+      src, ld, gather, expert_offset, k_offset, experts, cols, padded_rows, out, scales);
   return cudaGetLastError();
 }
 
