@@ -132,14 +132,6 @@ constexpr size_t seg_smem_bytes() {
          kSegRows * sizeof(int64_t) + 4 * kSegCols * sizeof(float);
 }
 
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // One CTA per 128 padded positions: it resolves their source rows once, then walks all column
 // tiles of 64, the next kSegStages - 1 tiles' rows in flight by cp.async (16-byte chunks, zero-
 // filled for padding rows) while it quantizes the current one: a pass of short CTAs spent most
