@@ -53,17 +53,20 @@ def routed_experts_bf16(implementation: str) -> Callable:
     return functools.partial(autodiff.routed_experts, implementation=implementation)
 
 
-def routed_experts_fp8(recipe: str, implementation: str = "ffi") -> Callable:
+def routed_experts_fp8(recipe: str, implementation: str = "ffi",
+                       weight_grads: str = "fp8") -> Callable:
     """The FP8 layer for ``recipe`` ("mxfp8" / "fp8_block") with the signature of
     :func:`routed_experts_bf16`. The weights may be arrays (quantized inside the layer) or
     ``jax_mok.QuantizedWeight`` s from ``jax_mok.quantize_params`` (forward only); ``prepared``:
-    their FP8 layouts from ``jax_mok.fp8_weights`` (read instead of quantizing)."""
+    their FP8 layouts from ``jax_mok.fp8_weights`` (read instead of quantizing).
+    ``weight_grads``: ``MoEConfig.fp8_weight_gradients``."""
     fp8 = _fp8_module()  # the kernels where they run the call, else the pure-JAX layer
 
     def call(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared=None):
         extra = {} if prepared is None else {"prepared": prepared}  # jax_mok.fp8_weights'
         return fp8.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe,
-                                      implementation=implementation, **extra)
+                                      implementation=implementation, weight_grads=weight_grads,
+                                      **extra)
 
     return call
 

@@ -146,7 +146,8 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
         experts = functools.partial(fp8.routed_experts_fp8, recipe=config.quantization,
                                     implementation=implementation,
                                     save_activations=config.save_activations,
-                                    prepared=fp8_weights)
+                                    prepared=fp8_weights,
+                                    weight_grads=config.fp8_weight_gradients)
     elif _partitioned_experts(x, params, implementation):
         experts = functools.partial(ep.partitioned.routed_experts, config=config,
                                     implementation=implementation, tuning=tuning)

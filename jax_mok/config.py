@@ -9,6 +9,7 @@ _ROUTINGS = ("softmax", "sigmoid")
 _ACTIVATIONS = ("swiglu",)
 _ROUTER_PRECISIONS = ("highest", "high", "default")
 _QUANTIZATIONS = (None, "mxfp8", "fp8_block")
+_FP8_WEIGHT_GRADIENTS = ("fp8", "unquantized")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,13 @@ class MoEConfig:
         see :mod:`jax_mok.quantization.layer` for the exact semantics. The FP8 layer is pure
         JAX today and always recomputes h in the backward (``save_activations`` changes nothing
         there).
+      fp8_weight_gradients: with ``quantization``, how the two expert weight gradients are
+        computed. ``"fp8"`` (default): FP8 GEMMs on their operands quantized along each
+        expert's tokens (the recipe's 32 x 1 / 128 x 1 token blocks). ``"unquantized"``: GEMMs in
+        x's dtype on the operands as they are (x, dy, w·a and dh; float32 accumulation), as the
+        BF16 layer computes them: more accurate weight gradients, and on Hopper no token-wise
+        quantization pass (docs/fp8.md says which is faster where). The forward and the data
+        gradients are FP8 either way.
     """
 
     num_experts: int
@@ -71,6 +79,7 @@ class MoEConfig:
     save_activations: bool | None = None
     router_precision: str = "highest"
     quantization: str | None = None
+    fp8_weight_gradients: str = "fp8"
 
     def __post_init__(self):
         def positive_int(name):
@@ -96,6 +105,11 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.quantization must be one of {_QUANTIZATIONS}, "
                 f"got {self.quantization!r}"
+            )
+        if self.fp8_weight_gradients not in _FP8_WEIGHT_GRADIENTS:
+            raise ValueError(
+                f"MoEConfig.fp8_weight_gradients must be one of {_FP8_WEIGHT_GRADIENTS}, "
+                f"got {self.fp8_weight_gradients!r}"
             )
         if self.activation not in _ACTIVATIONS:
             raise ValueError(

@@ -47,14 +47,15 @@ def _vjp_fn(fn):
     return jax.jit(f)
 
 
-def _cuda(recipe, save):
+def _cuda(recipe, save, weight_grads="fp8"):
     from jax_mok.quantization import cuda as kernels_fp8
 
     return _vjp_fn(lambda x, ids, w, wgu, wd: kernels_fp8.routed_experts_fp8(
-        x, ids, w, wgu, wd, recipe, implementation="cuda", save_activations=save))
+        x, ids, w, wgu, wd, recipe, implementation="cuda", save_activations=save,
+        weight_grads=weight_grads))
 
 
-def _reference(recipe, args):
+def _reference(recipe, args, weight_grads="fp8"):
     """The pure-JAX FP8 layer (jax_mok.quantization.layer: GEMMs at Precision.HIGHEST), run by
     XLA:CPU, the platform the format's bit tests pin down (tests/test_quantization.py)."""
     from jax_mok.quantization import layer as fp8
@@ -62,7 +63,8 @@ def _reference(recipe, args):
     cpu = _cpu()
     with jax.default_device(cpu):
         return _vjp_fn(lambda x, ids, w, wgu, wd: fp8.routed_experts_fp8(
-            x, ids, w, wgu, wd, recipe))(*(jax.device_put(a, cpu) for a in args))
+            x, ids, w, wgu, wd, recipe, weight_grads=weight_grads))(
+                *(jax.device_put(a, cpu) for a in args))
 
 
 def _rel(a, b):
@@ -172,6 +174,28 @@ def test_matches_fp8_reference(T, H, F, E, k, kind, dtype, recipe):
     dw = np.asarray(got[2])
     ids = np.asarray(args[1])
     assert np.all(dw[ids < 0] == 0.0), "skipped assignments must get zero d_topk_weights"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("save", [True, False])
+@pytest.mark.parametrize("T,H,F,E,k,kind", [CASES[0], CASES[1], CASES[4]])
+def test_unquantized_weight_gradients_match_reference(T, H, F, E, k, kind, save, recipe):
+    """``weight_grads="unquantized"`` (the routed-K GEMMs in bf16 on x, dy, w·a, dh): the same
+    bound as the FP8 weight gradients (the operands w·a and dh come from the FP8 GEMMs, whose
+    reduced-precision accumulation they inherit); y and the data gradients bitwise those of the
+    default backward."""
+    args = _problem(T + E + 1, T, H, F, E, k, jnp.bfloat16, kind)
+    ref = _reference(recipe, args, "unquantized")
+    _poison(*ref)
+    got = _cuda(recipe, save, "unquantized")(*args)
+    for name, g, r in zip(NAMES, got, ref, strict=True):
+        assert g.shape == r.shape and g.dtype == r.dtype, f"{name}: {g.shape} {g.dtype}"
+        err = _rel(g, r)
+        assert err <= 1.5e-2, f"{name}: rel error {err:.3e} ({recipe} {T=} {H=} {F=} {kind})"
+    default = _cuda(recipe, save)(*args)
+    for i in (0, 1, 2):  # y, dx, d_topk_weights
+        assert np.array_equal(np.asarray(got[i]).view(np.uint8),
+                              np.asarray(default[i]).view(np.uint8)), NAMES[i]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

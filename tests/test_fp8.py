@@ -384,3 +384,59 @@ def test_output_and_gradient_dtypes():
         *jax.vjp(layer, *a)))(x, w, w_gate_up, w_down)
     assert y.dtype == dx.dtype == dgu.dtype == dd.dtype == jnp.bfloat16
     assert dw.dtype == jnp.float32 and dw.shape == w.shape
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unquantized_weight_gradients(recipe, dtype):
+    """``fp8_weight_gradients="unquantized"``: the weight gradients are float64 products of the
+    backward's own aw, dh (rounded to x's dtype) and the unquantized x, dy rows; everything else
+    is bitwise the default backward's."""
+    x, ids, w, w_gate_up, w_down, dy = _inputs(dtype)
+    fp8_phases = fp8.backward_phases(dy, x, ids, w, w_gate_up, w_down, recipe)
+    un = fp8.backward_phases(dy, x, ids, w, w_gate_up, w_down, recipe,
+                             weight_grads="unquantized")
+    for name in ("dx", "d_topk_weights", "dh", "aw", "g"):
+        np.testing.assert_array_equal(_np(un[name]), _np(fp8_phases[name]), err_msg=name)
+    d = fp8.dispatch(ids, E)
+    valid = np.asarray(d.valid)[:, None]
+    rows = lambda t: np.where(valid, _np(t, np.float64), 0.0)  # noqa: E731
+    want_dn = _wgrad64(rows(un["aw"]), rows(jnp.asarray(dy)[d.token]), d.group_sizes)
+    want_gu = _wgrad64(rows(jnp.asarray(x)[d.token]), rows(un["dh"]), d.group_sizes)
+    assert un["d_w_down"].dtype == w_down.dtype and un["d_w_gate_up"].dtype == w_gate_up.dtype
+    tol = PHASE_TOLERANCE if dtype == jnp.float32 else 1e-2  # the result rounded to bf16
+    _close(un["d_w_down"], want_dn, "d_w_down", tol)
+    _close(un["d_w_gate_up"], want_gu, "d_w_gate_up", tol)
+    # and it differs from the FP8 weight gradients by about E4M3's error, not more
+    for name in ("d_w_down", "d_w_gate_up"):
+        err = testing.rel_error(un[name], np.asarray(_np(fp8_phases[name], np.float64)))
+        assert 1e-3 < err < LAYER_TOLERANCE, f"{name}: {err:.2e}"
+
+
+def test_unquantized_weight_gradients_through_the_api():
+    config = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
+                               quantization="fp8_block")
+    base = _layer_grads(config, jnp.float32)[0]
+    un = _layer_grads(dataclasses.replace(config, fp8_weight_gradients="unquantized"),
+                      jnp.float32)[0]
+    y0, (dx0, p0) = base
+    y1, (dx1, p1) = un
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))  # the forward is the same
+    np.testing.assert_array_equal(np.asarray(dx1), np.asarray(dx0))  # so are data gradients
+    for name in ("w_gate_up", "w_down"):
+        a, b = getattr(p1, name), getattr(p0, name)
+        assert 1e-3 < testing.rel_error(a, np.asarray(b, np.float64)) < LAYER_TOLERANCE, name
+    with pytest.raises(ValueError, match="fp8_weight_gradients must be one of"):
+        dataclasses.replace(config, fp8_weight_gradients="bf16")
+    with pytest.raises(ValueError, match="weight_grads"):
+        fp8.routed_experts_fp8(*_inputs(jnp.float32)[:5], "mxfp8", weight_grads="bf16")
+
+
+def test_unquantized_weight_gradients_refuse_expert_parallelism():
+    config = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=64, ffn_size=48,
+                               quantization="mxfp8", fp8_weight_gradients="unquantized")
+    params = testing.random_params(jax.random.key(0), config, jnp.float32)
+    x = jax.random.normal(jax.random.key(1), (64, 64))
+    mesh = cpu_devices.mesh((1, 2), ("data", "expert"))
+    with pytest.raises(NotImplementedError, match="no expert-parallel path"):
+        jax_mok.moe(x, params, mesh=mesh, transport="xla")

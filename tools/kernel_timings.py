@@ -53,12 +53,15 @@ def inputs(name: str):
     return x, ids, w, jnp.tile(wgu, (E // u, 1, 1)), jnp.tile(wd, (E // u, 1, 1)), dy
 
 
+FP8_WEIGHT_GRADS = "fp8"  # --fp8-weight-grads (MoEConfig.fp8_weight_gradients)
+
+
 def _experts(quantization: str, save: bool | None = None):
     """The routed-experts function of the CUDA layer: bf16 ("none", with ``save``) or FP8."""
     if quantization == "none":
         fn = mok_internals.routed_experts_bf16("cuda")
         return lambda *args: fn(*args, save_activations=save)
-    return mok_internals.routed_experts_fp8(quantization, "cuda")
+    return mok_internals.routed_experts_fp8(quantization, "cuda", FP8_WEIGHT_GRADS)
 
 
 def forward(ids, quantization: str = "none"):
@@ -145,14 +148,14 @@ def prepare(wgu, wd, recipe: str):
 
 
 def forward_prepared(ids, recipe: str):
-    fn = mok_internals.routed_experts_fp8(recipe, "cuda")
+    fn = mok_internals.routed_experts_fp8(recipe, "cuda", FP8_WEIGHT_GRADS)
     return jax.jit(lambda x, w, a, b, p: fn(x, ids, w, a, b, prepared=p))
 
 
 def forward_backward_prepared(ids, dy, recipe: str):
     """fwd+bwd reading prepared FP8 weights (the cost of one micro-batch); the gradients of the
     array weights are still returned."""
-    fn = mok_internals.routed_experts_fp8(recipe, "cuda")
+    fn = mok_internals.routed_experts_fp8(recipe, "cuda", FP8_WEIGHT_GRADS)
 
     def step(x, w, a, b, p):
         y, vjp = jax.vjp(lambda x, w, a, b: fn(x, ids, w, a, b, prepared=p), x, w, a, b)
@@ -383,7 +386,11 @@ def main() -> None:
                     help=f"timings of the FP8 layer: a comma list from {FP8_RUNS}")
     ap.add_argument("--quantization", default="none",
                     help=f"comma list from {QUANTIZATIONS} (profile / forward: one value)")
+    ap.add_argument("--fp8-weight-grads", default="fp8", choices=("fp8", "unquantized"),
+                    help="MoEConfig.fp8_weight_gradients of the FP8 runs")
     args = ap.parse_args()
+    global FP8_WEIGHT_GRADS
+    FP8_WEIGHT_GRADS = args.fp8_weight_grads
     quantizations = args.quantization.split(",")
     bad = [q for q in quantizations if q not in QUANTIZATIONS]
     if bad or not quantizations:

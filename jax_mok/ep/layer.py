@@ -82,6 +82,13 @@ def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_g
     save = config.save_activations
     if ep_plan.expert_axis is None:
         return None
+    if config.quantization is not None and config.fp8_weight_gradients != "fp8":
+        # Rows reach the experts as deq(Q(x)) (the XLA transport quantizes what travels), so
+        # "unquantized" weight gradients would not be the single-device layer's.
+        raise NotImplementedError(
+            f"jax_mok: fp8_weight_gradients={config.fp8_weight_gradients!r} has no expert-"
+            "parallel path yet (the token rows travel quantized); use the default 'fp8' with "
+            "an expert axis")
     if ep_plan.transport != "peer":
         return XlaTransport(ep_plan.expert_axis, implementation, save, tuning,
                             config.quantization)
@@ -149,8 +156,8 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
             if config.quantization is not None:
                 y = fp8.routed_experts_fp8(
                     x_loc, ids, routing.topk_weights, w_gu, w_dn, config.quantization,
-                    implementation=implementation,
-                    save_activations=config.save_activations).astype(jnp.float32)
+                    implementation=implementation, save_activations=config.save_activations,
+                    weight_grads=config.fp8_weight_gradients).astype(jnp.float32)
             else:
                 y = autodiff.routed_experts(
                     x_loc, ids, routing.topk_weights, w_gu, w_dn,

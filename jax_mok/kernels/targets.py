@@ -319,12 +319,17 @@ def fp8_forward(x_q, topk_ids, topk_weights, w_gate_up_q, w_down_q, recipe: str,
     return _call("mok_moe_fwd_fp8", y, *operands, attrs={"recipe": code}), None
 
 
+FP8_WEIGHT_GRADS = {"fp8": 0, "unquantized": 1}  # the backward's attribute weight_grads
+
+
 def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_down_bwd,
-                 w_gate_up_bwd, h, recipe: str):
+                 w_gate_up_bwd, h, recipe: str, weight_grads: str = "fp8"):
     """``mok_moe_bwd_fp8`` (``h`` given: ``mok_moe_bwd_saved_fp8``) -> ``(dx [T, H],
     d_topk_weights [T, k] f32, d_w_gate_up [E, H, 2F], d_w_down [E, F, H])`` in dy's dtype.
     ``w_gate_up_fwd`` (the forward's layout) recomputes h; with ``h`` given it is not read and may
-    be None, so that a caller need not keep it alive until the backward."""
+    be None, so that a caller need not keep it alive until the backward. ``weight_grads``:
+    ``"fp8"`` (FP8 GEMMs on the operands quantized along tokens) or ``"unquantized"`` (GEMMs in
+    dy's dtype on x, dy, w·a and dh as they are)."""
     E, H, two_f = w_gate_up_bwd[0].shape
     T, k = topk_ids.shape
     dtype = dy.dtype
@@ -332,12 +337,13 @@ def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_do
             jax.ShapeDtypeStruct((E, H, two_f), dtype),
             jax.ShapeDtypeStruct((E, two_f // 2, H), dtype))
     head = [dy, *dy_q, x2d, *x_q, topk_ids, topk_weights]
-    code = np.int32(FP8_RECIPES[recipe])
+    attrs = {"recipe": np.int32(FP8_RECIPES[recipe]),
+             "weight_grads": np.int32(FP8_WEIGHT_GRADS[weight_grads])}
     if h is not None:
         return _call("mok_moe_bwd_saved_fp8", outs, *head, *w_down_bwd, *w_gate_up_bwd, h,
-                     attrs={"recipe": code})
+                     attrs=attrs)
     return _call("mok_moe_bwd_fp8", outs, *head, *w_gate_up_fwd, *w_down_bwd, *w_gate_up_bwd,
-                 attrs={"recipe": code})
+                 attrs=attrs)
 
 
 def quantize_rows(x, recipe: str):

@@ -54,9 +54,10 @@ def _check_trainable(w_gate_up, w_down):
                 "inference only; differentiate with the unquantized MoEParams instead")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
 def routed_experts_fp8_cuda(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array,
-                            w_gate_up, w_down, recipe: str, save: bool) -> jax.Array:
+                            w_gate_up, w_down, recipe: str, save: bool,
+                            weight_grads: str = "fp8") -> jax.Array:
     """``y [T, H]`` in x's dtype on the CUDA FP8 kernels. ``x2d [T, H]`` bf16/f32, ``topk_ids
     [T, k]`` int32, ``topk_weights [T, k]`` f32, ``w_gate_up [E, H, 2F]``, ``w_down [E, F, H]``
     (arrays in x's dtype, or QuantizedWeights for inference)."""
@@ -67,7 +68,8 @@ def routed_experts_fp8_cuda(x2d: jax.Array, topk_ids: jax.Array, topk_weights: j
     return y
 
 
-def _cuda_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, save):
+def _cuda_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, save, weight_grads):
+    del weight_grads
     _check_trainable(w_gate_up, w_down)
     x_q = targets.quantize_rows(x2d, recipe)
     # One pass per weight writes the forward's layout and the backward's, kept as residuals:
@@ -79,39 +81,41 @@ def _cuda_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, save):
     return y, (x2d, x_q, topk_ids, topk_weights, None if save else wgu, wd_t, wgu_t, h)
 
 
-def _backward(recipe, residuals, dy):
+def _backward(recipe, weight_grads, residuals, dy):
     x2d, x_q, topk_ids, topk_weights, wgu, wd_t, wgu_t, h = residuals
     dy = dy.astype(x2d.dtype)
     dx, d_w, d_gu, d_dn = targets.fp8_backward(
         dy, targets.quantize_rows(dy, recipe), x2d, x_q, topk_ids, topk_weights, wgu, wd_t,
-        wgu_t, h, recipe)
+        wgu_t, h, recipe, weight_grads)
     return dx, d_w, d_gu, d_dn
 
 
-def _cuda_bwd(recipe, save, residuals, dy):
+def _cuda_bwd(recipe, save, weight_grads, residuals, dy):
     del save
-    dx, d_w, d_gu, d_dn = _backward(recipe, residuals, dy)
+    dx, d_w, d_gu, d_dn = _backward(recipe, weight_grads, residuals, dy)
     return dx, None, d_w, d_gu, d_dn
 
 
 routed_experts_fp8_cuda.defvjp(_cuda_fwd, _cuda_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
 def routed_experts_fp8_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared,
-                                     recipe: str, save: bool) -> jax.Array:
+                                     recipe: str, save: bool,
+                                     weight_grads: str = "fp8") -> jax.Array:
     """:func:`routed_experts_fp8_cuda` reading ``prepared`` (an ``Fp8Weights``) instead of
     quantizing ``w_gate_up`` / ``w_down``, which are only the differentiated inputs: their
     cotangents are the layer's weight gradients; ``prepared`` gets none."""
-    del w_gate_up, w_down, save
+    del w_gate_up, w_down, save, weight_grads
     y, _ = targets.fp8_forward(targets.quantize_rows(x2d, recipe), topk_ids, topk_weights,
                                _pair(prepared.gate_up), _pair(prepared.down), recipe, x2d.dtype,
                                False)
     return y
 
 
-def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe, save):
-    del w_gate_up, w_down
+def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe, save,
+                  weight_grads):
+    del w_gate_up, w_down, weight_grads
     if not prepared.backward:
         raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
                         "only; make them with jax_mok.fp8_weights(params) to differentiate")
@@ -123,9 +127,9 @@ def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, reci
                _pair(prepared.gate_up_t), h)
 
 
-def _prepared_bwd(recipe, save, residuals, dy):
+def _prepared_bwd(recipe, save, weight_grads, residuals, dy):
     del save
-    dx, d_w, d_gu, d_dn = _backward(recipe, residuals, dy)
+    dx, d_w, d_gu, d_dn = _backward(recipe, weight_grads, residuals, dy)
     return dx, None, d_w, d_gu, d_dn, None
 
 
@@ -152,13 +156,16 @@ def cuda_limits(hidden: int, ffn: int, experts: int = 1) -> str | None:
 
 def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, w_gate_up,
                        w_down, recipe: str, *, implementation: str = "ffi",
-                       save_activations: bool | None = None, prepared=None) -> jax.Array:
+                       save_activations: bool | None = None, prepared=None,
+                       weight_grads: str = "fp8") -> jax.Array:
     """The FP8 routed experts: the CUDA kernels for ``implementation="cuda"``, or ``"ffi"`` with
     a GPU default backend, where :func:`cuda_limits` allows (a one-time warning says why not,
     and the pure-JAX layer runs); :func:`jax_mok.quantization.layer.routed_experts_fp8` everywhere
     else. ``prepared``: the expert weights' FP8 layouts (``jax_mok.fp8_weights``), read instead
-    of quantizing ``w_gate_up`` / ``w_down``."""
+    of quantizing ``w_gate_up`` / ``w_down``. ``weight_grads``: ``"fp8"`` or ``"unquantized"``
+    (``MoEConfig.fp8_weight_gradients``)."""
     check_implementation(implementation)
+    layer.check_weight_grads(weight_grads)
     on_gpu = implementation == "cuda" or (
         implementation == "ffi" and jax.default_backend() == "gpu")
     if on_gpu:
@@ -167,15 +174,16 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
             save = resolve_save_activations(implementation, save_activations)
             if prepared is not None:
                 return routed_experts_fp8_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up,
-                                                        w_down, prepared, recipe, save)
+                                                        w_down, prepared, recipe, save,
+                                                        weight_grads)
             return routed_experts_fp8_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down,
-                                           recipe, save)
+                                           recipe, save, weight_grads)
         if reason not in _warned:
             _warned.add(reason)
             warnings.warn(f"jax_mok: quantization={recipe!r} runs the pure-JAX FP8 layer because "
                           f"{reason}", stacklevel=3)
     return layer.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe,
-                                    prepared=prepared)
+                                    prepared=prepared, weight_grads=weight_grads)
 
 
 __all__ = ["MAX_EXPERTS", "cuda_limits", "routed_experts_fp8", "routed_experts_fp8_cuda",

@@ -34,6 +34,11 @@ Backward (dy in x's dtype; h recomputed and rounded to x's dtype, as the kernels
     dW_gate_up[e] = deq(Qt(x[rows]))^T @ deq(Qt(dh))              in w_gate_up's dtype
     d_topk_weights = d_w (float32)
 
+With ``weight_grads="unquantized"`` (``MoEConfig.fp8_weight_gradients``) the two weight gradients
+take their operands as they are, in x's dtype (aw and dh as rounded above), with no ``Qt``::
+
+    dW_down[e]    = aw^T @ dy[rows];   dW_gate_up[e] = x[rows]^T @ dh
+
 ``Q(dh)`` blocks run along the whole ``2F`` row (gate and up halves together), as do
 ``Qw(w_gate_up, 2F)``'s. For fp8_block the 128 x 128 tiles of ``Qw(w, H)`` and ``Qw(w, F)`` are the
 same tiles. Residuals are the operands; the backward recomputes h. Pre-quantized weights
@@ -55,6 +60,13 @@ from jax_mok.quantization.blocks import QuantizedWeight
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 _TOKEN_BLOCK = {"mxfp8": fmt.MX_BLOCK, "fp8_block": fmt.BLOCK}
+WEIGHT_GRADS = ("fp8", "unquantized")
+
+
+def check_weight_grads(weight_grads: str) -> None:
+    if weight_grads not in WEIGHT_GRADS:
+        raise ValueError(f"weight_grads (MoEConfig.fp8_weight_gradients) must be one of "
+                         f"{WEIGHT_GRADS}, got {weight_grads!r}")
 
 
 # --- operands ---------------------------------------------------------------------------------
@@ -171,7 +183,7 @@ def forward_phases(x2d, topk_ids, topk_weights, w_gate_up_q, w_down_q, recipe: s
 
 
 def backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe: str,
-                    prepared=None) -> dict:
+                    prepared=None, weight_grads: str = "fp8") -> dict:
     """The backward with its operands (names as in the module docstring; ``*_q`` are dequantized
     GEMM operands, ``*_t`` token-quantized ones). Returns also ``dx``, ``d_topk_weights``,
     ``d_w_gate_up``, ``d_w_down``."""
@@ -206,9 +218,13 @@ def backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe: 
     dx = _combine(dx_rows, d, tokens, k).astype(dtype)
     d_topk = jnp.zeros((tokens * k,), jnp.float32).at[d.order].set(
         jnp.where(d.valid, d_w, 0.0)).reshape(tokens, k)
-    segment, count = token_segments(d, _TOKEN_BLOCK[recipe])
-    t_quant = functools.partial(token_block_operand, segment=segment, count=count,
-                                valid=d.valid, recipe=recipe)
+    if weight_grads == "unquantized":
+        def t_quant(t):  # the rows as they are, in x's dtype (padding rows zero)
+            return jnp.where(d.valid[:, None], fmt.to_float32(t), 0.0)
+    else:
+        segment, count = token_segments(d, _TOKEN_BLOCK[recipe])
+        t_quant = functools.partial(token_block_operand, segment=segment, count=count,
+                                    valid=d.valid, recipe=recipe)
     aw_t, dy_t = t_quant(aw), t_quant(dy.astype(dtype)[d.token])
     x_t, dh_t = t_quant(x2d[d.token]), t_quant(dh)
     d_w_down = grouped_wgrad(aw_t, dy_t, d.group_sizes).astype(w_down.dtype)
@@ -256,10 +272,11 @@ def _forward_call(recipe: str):
 
 
 @functools.cache
-def _backward_call(recipe: str):
+def _backward_call(recipe: str, weight_grads: str = "fp8"):
     @jax.custom_batching.custom_vmap
     def backward(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down):
-        p = backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
+        p = backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe,
+                            weight_grads=weight_grads)
         return p["dx"], p["d_topk_weights"], p["d_w_gate_up"], p["d_w_down"]
 
     @backward.def_vmap
@@ -272,22 +289,23 @@ def _backward_call(recipe: str):
 
 # --- the differentiable layer -----------------------------------------------------------------
 
-def _forward(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe):
+def _forward(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, weight_grads="fp8"):
+    del weight_grads  # the backward's only
     return _forward_call(recipe)(x2d, topk_ids, topk_weights, weight_operand(w_gate_up, recipe, 1),
                                  weight_operand(w_down, recipe, 1))
 
 
-_experts = jax.custom_vjp(_forward, nondiff_argnums=(5,))
+_experts = jax.custom_vjp(_forward, nondiff_argnums=(5, 6))
 
 
-def _experts_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe):
+def _experts_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, weight_grads):
     y = _forward(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
     return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down)
 
 
-def _experts_bwd(recipe, residuals, dy):
+def _experts_bwd(recipe, weight_grads, residuals, dy):
     topk_weights = residuals[2]
-    dx, d_topk, d_gate_up, d_down = _backward_call(recipe)(dy, *residuals)
+    dx, d_topk, d_gate_up, d_down = _backward_call(recipe, weight_grads)(dy, *residuals)
     return dx, None, d_topk.astype(topk_weights.dtype), d_gate_up, d_down
 
 
@@ -295,15 +313,17 @@ _experts.defvjp(_experts_fwd, _experts_bwd)
 
 # Prepared weights (jax_mok.fp8_weights): the array weights are the differentiated inputs, the
 # prepared layouts replace their quantization and get no cotangent.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe):
-    del w_gate_up, w_down
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe,
+                      weight_grads="fp8"):
+    del w_gate_up, w_down, weight_grads
     return _forward_call(recipe)(x2d, topk_ids, topk_weights,
                                  weight_operand(prepared.gate_up, recipe, 1),
                                  weight_operand(prepared.down, recipe, 1))
 
 
-def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe):
+def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe,
+                  weight_grads):
     if not prepared.backward:
         raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
                         "only; make them with jax_mok.fp8_weights(params) to differentiate")
@@ -311,9 +331,10 @@ def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, reci
     return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared)
 
 
-def _prepared_bwd(recipe, residuals, dy):
+def _prepared_bwd(recipe, weight_grads, residuals, dy):
     x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared = residuals
-    p = backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, prepared)
+    p = backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, prepared,
+                        weight_grads)
     return (p["dx"], None, p["d_topk_weights"].astype(topk_weights.dtype), p["d_w_gate_up"],
             p["d_w_down"], None)
 
@@ -346,7 +367,8 @@ _experts_prequantized.defvjp(_prequantized_fwd, _prequantized_bwd)
 
 
 def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, w_gate_up,
-                       w_down, recipe: str, prepared=None) -> jax.Array:
+                       w_down, recipe: str, prepared=None,
+                       weight_grads: str = "fp8") -> jax.Array:
     """The routed experts of the FP8 layer (module docstring): ``y [T, H]`` in x's dtype.
 
     Args:
@@ -357,12 +379,15 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
       recipe: ``"mxfp8"`` or ``"fp8_block"``.
       prepared: an ``Fp8Weights`` of the same (array) weights (``jax_mok.fp8_weights``): its
         layouts are read instead of quantizing the weights; values and gradients are the same.
+      weight_grads: ``"fp8"`` (the weight gradients' operands quantized along tokens) or
+        ``"unquantized"`` (in x's dtype; module docstring).
 
     This is the pure-JAX layer (the CPU path and the oracle);
     :func:`jax_mok.quantization.cuda.routed_experts_fp8` routes a call to the CUDA kernels where
     they run it.
     """
     fmt.check_recipe(recipe)
+    check_weight_grads(weight_grads)
     if x2d.ndim != 2 or not jnp.issubdtype(x2d.dtype, jnp.floating):
         raise ValueError(f"x2d must be a [T, H] float array, got shape {tuple(x2d.shape)} "
                          f"dtype {x2d.dtype}")
@@ -378,10 +403,11 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
     if prepared is not None:
         if isinstance(w_gate_up, QuantizedWeight):
             raise TypeError("fp8_weights need array expert weights in params, not QuantizedWeights")
-        return _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe)
+        return _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe,
+                                 weight_grads)
     if isinstance(w_gate_up, QuantizedWeight):
         return _experts_prequantized(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
-    return _experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe)
+    return _experts(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe, weight_grads)
 
 
 __all__ = ["routed_experts_fp8"]

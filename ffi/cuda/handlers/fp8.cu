@@ -18,6 +18,9 @@
 //   mok_quantize_weight_both  w -> along A (values, scales), along B (values, scales), one pass
 // Attribute `recipe` (int32): 1 mxfp8 (scales float8_e8m0fnu, one per 32 along the reduction
 // dim), 2 fp8_block (scales float32: 1x128 for activations, 128x128 blocks for weights).
+// Attribute `weight_grads` (int32, the backward handlers): 0 FP8 weight-gradient GEMMs on the
+// operands quantized along tokens, 1 the routed-K GEMMs in dy's dtype on the unquantized operands
+// (MoEConfig.fp8_weight_gradients).
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -169,8 +172,10 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
                         const AnyBuffer* wgu_fs, AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b,
                         AnyBuffer wgu_bs, const AnyBuffer* h, ffi::Result<AnyBuffer> dx,
                         ffi::Result<AnyBuffer> d_w, ffi::Result<AnyBuffer> d_wgu,
-                        ffi::Result<AnyBuffer> d_wd, int32_t recipe) {
+                        ffi::Result<AnyBuffer> d_wd, int32_t recipe, int32_t weight_grads) {
   MOK_RETURN_IF_ERROR(Fp8Prologue(recipe));
+  MOK_CHECK(weight_grads == 0 || weight_grads == 1,
+            "weight_grads must be 0 (FP8) or 1 (unquantized), got ", weight_grads);
   Problem pr;
   MOK_RETURN_IF_ERROR(ReadFp8Problem(x_q, ids, w, wd_b, true, dy.element_type(), &pr));
   const int64_t T = pr.tokens, H = pr.hidden, F = pr.ffn, E = pr.experts;
@@ -203,6 +208,7 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
   op.ids = static_cast<const int*>(ids.untyped_data());
   op.w = static_cast<const float*>(w.untyped_data());
   op.h_saved = h ? h->untyped_data() : nullptr;
+  op.unquantized_weight_grads = weight_grads == 1;
   return DispatchDtype(pr.dtype, [&](auto tag) {
     using T_ = decltype(tag);
     return Backward8<T_>(
@@ -217,9 +223,11 @@ ffi::Error MoeBwdFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
                      AnyBuffer x_s, AnyBuffer ids, AnyBuffer w, AnyBuffer wgu_f, AnyBuffer wgu_fs,
                      AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b, AnyBuffer wgu_bs,
                      ffi::Result<AnyBuffer> dx, ffi::Result<AnyBuffer> d_w,
-                     ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd, int32_t recipe) {
+                     ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd, int32_t recipe,
+                     int32_t weight_grads) {
   return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, &wgu_f, &wgu_fs,
-                      wd_b, wd_bs, wgu_b, wgu_bs, nullptr, dx, d_w, d_wgu, d_wd, recipe);
+                      wd_b, wd_bs, wgu_b, wgu_bs, nullptr, dx, d_w, d_wgu, d_wd, recipe,
+                      weight_grads);
 }
 
 ffi::Error MoeBwdSavedFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
@@ -227,10 +235,11 @@ ffi::Error MoeBwdSavedFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, in
                           AnyBuffer x_s, AnyBuffer ids, AnyBuffer w, AnyBuffer wd_b,
                           AnyBuffer wd_bs, AnyBuffer wgu_b, AnyBuffer wgu_bs, AnyBuffer h,
                           ffi::Result<AnyBuffer> dx, ffi::Result<AnyBuffer> d_w,
-                          ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd,
-                          int32_t recipe) {
+                          ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd, int32_t recipe,
+                          int32_t weight_grads) {
   return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, nullptr,
-                      nullptr, wd_b, wd_bs, wgu_b, wgu_bs, &h, dx, d_w, d_wgu, d_wd, recipe);
+                      nullptr, wd_b, wd_bs, wgu_b, wgu_bs, &h, dx, d_w, d_wgu, d_wd, recipe,
+                      weight_grads);
 }
 
 ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Result<AnyBuffer> values,
@@ -338,10 +347,12 @@ namespace {
 // w_down_b [E, F, H] + scales, w_gate_up_b [E, H, 2F] + scales.
 auto Fp8BackwardOperands() { return mok::AppendBuffers<14>(mok::cuda::BindStreamScratchDevice()); }
 
-// dx, d_topk_weights, d_w_gate_up, d_w_down; the recipe.
+// dx, d_topk_weights, d_w_gate_up, d_w_down; the recipe and the weight gradients' kind.
 template <typename Binding>
 auto Fp8GradientRets(Binding&& b) {
-  return mok::AppendGradientRets(std::move(b)).template Attr<int32_t>("recipe");
+  return mok::AppendGradientRets(std::move(b))
+      .template Attr<int32_t>("recipe")
+      .template Attr<int32_t>("weight_grads");
 }
 }  // namespace
 

@@ -75,6 +75,15 @@ ExpertOrderRows InExpertOrder(const T* tokens, const T* sorted, const Routing& r
   return sorted ? ExpertOrderRows{sorted, nullptr} : ExpertOrderRows{tokens, r.sorted_token};
 }
 
+// The weight gradients by the routed-K GEMMs in T (phases/backward.cu), from the backward's
+// expert-ordered operands: dWd[e] = (w·a)^T dy[tok] [F, H], dWgu[e] = x[tok]^T dh [H, 2F]. Also
+// the FP8 backward's, with MoEConfig.fp8_weight_gradients = "unquantized".
+template <class T>
+ffi::Error WeightGradients(cudaStream_t stream, const Plan& plan, const Routing& r,
+                           const float* topk_weights, int64_t assignments, int64_t hidden,
+                           int64_t ffn, ExpertOrderRows x_rows, ExpertOrderRows dy_rows,
+                           const T* aw, const T* dh, T* d_wgu, T* d_wd);
+
 inline GemmParams RoutedParams(const Routing& r, const float* topk_weights) {
   GemmParams p{};
   p.expert_offset = r.expert_offset;

@@ -82,19 +82,29 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
   MOK_RETURN_IF_ERROR(
       CombineGradients<T>(r, pr, b.dx_part, dx, b.dw_part, d_w, g_tiles, plan.sms, stream));
 
-  GemmParams g4 = RoutedParams(r, w);  // dWd[e] = (w·a)^T dy[tok]    [F, H]
+  return WeightGradients<T>(stream, plan, r, w, TK, H, F, x_rows, dy_rows, b.aw, b.dh, d_wgu, d_wd);
+}
+
+template <class T>
+ffi::Error WeightGradients(cudaStream_t stream, const Plan& plan, const Routing& r,
+                           const float* topk_weights, int64_t assignments, int64_t hidden,
+                           int64_t ffn, ExpertOrderRows x_rows, ExpertOrderRows dy_rows,
+                           const T* aw, const T* dh, T* d_wgu, T* d_wd) {
+  const int64_t TK = assignments, H = hidden, F = ffn;
+  const int bn = plan.wgmma ? kWgmmaBN : kSimtBN;
+  GemmParams g4 = RoutedParams(r, topk_weights);  // dWd[e] = (w·a)^T dy[tok]    [F, H]
   g4.M = F, g4.N = H, g4.m_tiles = CeilDiv(F, kTileM), g4.n_tiles = CeilDiv(H, bn);
-  g4.a = b.aw, g4.lda = F;
+  g4.a = aw, g4.lda = F;
   g4.a_rows = TK;  // rows of both operands (the TMA path's tensor maps)
   g4.b = dy_rows.base, g4.b_gather = dy_rows.gather, g4.ldb = H;
   g4.out = d_wd, g4.ldo = H;
   MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedK, Epi::kStoreCast>(
       {"dWd GEMM", "the weighted activations w·a", "dy"}, g4, plan, stream)));
 
-  GemmParams g5 = RoutedParams(r, w);  // dWgu[e] = x[tok]^T dh          [H, 2F]
+  GemmParams g5 = RoutedParams(r, topk_weights);  // dWgu[e] = x[tok]^T dh          [H, 2F]
   g5.M = H, g5.N = 2 * F, g5.m_tiles = CeilDiv(H, kTileM), g5.n_tiles = CeilDiv(2 * F, bn);
   g5.a = x_rows.base, g5.a_gather = x_rows.gather, g5.lda = H, g5.a_rows = TK;
-  g5.b = b.dh, g5.ldb = 2 * F;
+  g5.b = dh, g5.ldb = 2 * F;
   g5.out = d_wgu, g5.ldo = 2 * F;
   MOK_RETURN_IF_ERROR(
       (RunGemm<T, Mode::kRoutedK, Epi::kStoreCast>({"dWgu GEMM", "x", "dh"}, g5, plan, stream)));
@@ -109,5 +119,12 @@ template ffi::Error Backward<float>(cudaStream_t, ffi::ScratchAllocator&, const 
                                     const Problem&, const float*, const float*, const int*,
                                     const float*, const float*, const float*, float*, float*,
                                     float*, float*, const float*);
+template ffi::Error WeightGradients<bf16>(cudaStream_t, const Plan&, const Routing&, const float*,
+                                          int64_t, int64_t, int64_t, ExpertOrderRows,
+                                          ExpertOrderRows, const bf16*, const bf16*, bf16*, bf16*);
+template ffi::Error WeightGradients<float>(cudaStream_t, const Plan&, const Routing&, const float*,
+                                           int64_t, int64_t, int64_t, ExpertOrderRows,
+                                           ExpertOrderRows, const float*, const float*, float*,
+                                           float*);
 
 }  // namespace mok::cuda

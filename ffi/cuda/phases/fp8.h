@@ -45,6 +45,10 @@ struct Backward8Operands {
   const float* w;
   Quantized w_gate_up_fwd, w_down_bwd, w_gate_up_bwd;
   const void* h_saved;  // [T*k, 2F] in T, or nullptr
+  // MoEConfig.fp8_weight_gradients = "unquantized": the weight gradients by the routed-K GEMMs in
+  // T (phases/backward.cu) on x, dy, w·a and dh as they are, instead of FP8 GEMMs on their
+  // token-wise quantization.
+  bool unquantized_weight_grads = false;
 };
 template <class T>
 ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& scratch,

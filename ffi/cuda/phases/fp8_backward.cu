@@ -3,6 +3,8 @@
 //   w*a in T) -> quantize dh along 2F -> dh Wgu^T GEMM -> combine dx, reduce d_w
 //   -> quantize w*a and dy along each expert's tokens -> dWd GEMM
 //   -> quantize x and dh along each expert's tokens -> dWgu GEMM
+// or, with unquantized weight gradients, -> [gather x, dy into expert order] -> the routed-K
+// GEMMs in T (backward.cu's WeightGradients).
 #include "cuda/phases/fp8_common.cuh"
 
 namespace mok::cuda::fp8 {
@@ -26,7 +28,13 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     uint8_t *dh_q, *dh_s;      // dh along 2F
     uint8_t *tok_h, *tok_h_s;  // dy, then x: [H, padded] along tokens
     uint8_t *tok_f, *tok_f_s;  // w*a [F, padded], then dh [2F, padded] along tokens
+    T *x_sorted, *dy_sorted;   // [P, H] x, dy in expert order (unquantized weight gradients)
   } b;
+  const bool unquantized = op.unquantized_weight_grads;
+  // The BF16 layer's plan for its weight-gradient GEMMs (default options): wgmma for bf16,
+  // with x and dy gathered once so that they load by TMA; else its SIMT kernels.
+  const Plan plan = ChoosePlan(pr, KernelOptions{}, dev);
+  const bool pregather = unquantized && plan.wgmma;
   MOK_RETURN_IF_ERROR(CarveScratch(scratch, [&](Carve& c) {
     b.r = CarveRouting(c, pr, op.ids);
     b.k_offset = c.take<int>(E + 1);
@@ -37,10 +45,14 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     b.dw_part = c.take<float>(P * g_tiles);
     b.dh_q = c.take<uint8_t>(P * 2 * F);
     b.dh_s = c.take<uint8_t>(P * 2 * F / 32);
-    b.tok_h = c.take<uint8_t>(H * padded);
-    b.tok_h_s = c.take<uint8_t>(H * padded / 32);
-    b.tok_f = c.take<uint8_t>(2 * F * padded);
-    b.tok_f_s = c.take<uint8_t>(2 * F * padded / 32);
+    if (!unquantized) {
+      b.tok_h = c.take<uint8_t>(H * padded);
+      b.tok_h_s = c.take<uint8_t>(H * padded / 32);
+      b.tok_f = c.take<uint8_t>(2 * F * padded);
+      b.tok_f_s = c.take<uint8_t>(2 * F * padded / 32);
+    }
+    b.x_sorted = pregather ? c.take<T>(P * H) : nullptr;
+    b.dy_sorted = pregather ? c.take<T>(P * H) : nullptr;
   }));
   const Routing& r = b.r;
   const T* h = op.h_saved ? static_cast<const T*>(op.h_saved) : b.h_scratch;
@@ -91,6 +103,21 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
 
     MOK_RETURN_IF_ERROR(
         CombineGradients<T>(r, pr, b.dx_part, dx, b.dw_part, d_w, g_tiles, dev.sms, stream));
+
+    if (unquantized) {
+      if (pregather) {
+        const int experts = static_cast<int>(E), hidden = static_cast<int>(H);
+        cudaError_t err = launch_gather<T>(x, r.sorted_token, r.expert_offset, experts, b.x_sorted,
+                                           hidden, dev.sms, stream);
+        if (err == cudaSuccess)
+          err = launch_gather<T>(dy, r.sorted_token, r.expert_offset, experts, b.dy_sorted, hidden,
+                                 dev.sms, stream);
+        MOK_RETURN_IF_ERROR(Stage("gather x, dy into expert order", err, stream));
+      }
+      return WeightGradients<T>(stream, plan, r, op.w, P, H, F, InExpertOrder(x, b.x_sorted, r),
+                                InExpertOrder(dy, b.dy_sorted, r), b.aw, b.dh, d_w_gate_up,
+                                d_w_down);
+    }
 
     // Weight gradients: both operands transposed and quantized along each expert's tokens.
     auto weight_grad = [&](const char* name, const T* a_src, int64_t a_ld, const int* a_gather,
