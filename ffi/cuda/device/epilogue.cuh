@@ -7,6 +7,27 @@
 
 namespace mok::cuda {
 
+// SwiGLU forward of one element: silu(gate) * up. Every epilogue that writes `a` (BF16 and FP8,
+// registers or staged) calls this, so that their outputs agree bit for bit.
+__device__ __forceinline__ float silu_mul(float gate, float up) {
+  return gate * sigmoidf(gate) * up;
+}
+
+// SwiGLU backward of one element, from g = (dy @ Wd^T)[p, f], h = (gate, up) and the routing
+// weight wt of row p:
+//   a = silu(hg) hu,  d_a = wt g,  dh_gate = d_a hu silu'(hg),  dh_up = d_a silu(hg),  aw = wt a.
+// d_w of the row sums g * a. Shared by run_epilogue and the staged epilogue (bitwise equal).
+struct SwiGLUGrad {
+  float dgate, dup, aw, a;
+};
+__device__ __forceinline__ SwiGLUGrad swiglu_bwd(float g, float hg, float hu, float wt) {
+  const float s = sigmoidf(hg);
+  const float silu = hg * s;
+  const float a = silu * hu;
+  const float da = wt * g;
+  return {da * hu * s * (1.f + hg * (1.f - s)), da * silu, wt * a, a};
+}
+
 template <class T, Epi kEpi, int BN, class Acc>
 __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                              int wg, int t) {
@@ -26,8 +47,7 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       const int64_t pos = w.row0 + r;
       const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
       if constexpr (kEpi != Epi::kStoreGLU)
-        store2(static_cast<T*>(p.out) + pos * p.ldo + f, g0 * sigmoidf(g0) * u0,
-               g1 * sigmoidf(g1) * u1);
+        store2(static_cast<T*>(p.out) + pos * p.ldo + f, silu_mul(g0, u0), silu_mul(g1, u1));
       if constexpr (kEpi != Epi::kSwiGLU) {
         T* h = static_cast<T*>(kEpi == Epi::kStoreGLU ? p.out : p.out2) + pos * 2 * F;
         store2(h + f, g0, g1);
@@ -35,14 +55,12 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
       }
     }
   } else if constexpr (kEpi == Epi::kSwiGLUBwd) {
-    // acc = g = dy_t @ Wd^T for columns f of F. With h = [h_gate | h_up] (recomputed or saved
-    // by the forward, x's dtype):
-    //   a = silu(hg) hu,  d_w += <g, a>,  d_a = w g,  dh_gate = d_a hu silu'(hg),  dh_up = d_a
-    //   silu(hg)
-    // A thread holds two rows (frag_row(0, t) and frag_row(2, t)): their routing weights are
-    // loaded once. h is read in batches of kBatch pairs, every load of a batch issued before its
-    // first store: the outputs may alias h as far as the compiler knows, so a load placed after a
-    // store waits for it, and pair by pair the epilogue would pay one memory latency per pair.
+    // acc = g = dy_t @ Wd^T for columns f of F, h = [h_gate | h_up] (recomputed or saved by the
+    // forward, x's dtype); the element math is swiglu_bwd. A thread holds two rows (frag_row(0, t)
+    // and frag_row(2, t)): their routing weights are loaded once. h is read in batches of kBatch
+    // pairs, every load of a batch issued before its first store: the outputs may alias h as far as
+    // the compiler knows, so a load placed after a store waits for it, and pair by pair the
+    // epilogue would pay one memory latency per pair.
     const int F = p.N;
     const T* h = static_cast<const T*>(p.h);
     T* dh = static_cast<T*>(p.out);
@@ -80,24 +98,14 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
         const int i = i0 + 2 * b, rh = (i >> 1) & 1;
         const int f = w.n_tile * BN + frag_col(i, t);
         if (!row_ok[rh] || f >= F) continue;
-        float dg[2], du[2], aw[2];
-        const float gv[2] = {acc(i), acc(i + 1)};
-        const float hgv[2] = {hg[b].x, hg[b].y}, huv[2] = {hu[b].x, hu[b].y};
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const float s = sigmoidf(hgv[q]);
-          const float silu = hgv[q] * s;
-          const float a = silu * huv[q];
-          dw_rows[rh] += gv[q] * a;
-          const float da = wt[rh] * gv[q];
-          dg[q] = da * huv[q] * s * (1.f + hgv[q] * (1.f - s));
-          du[q] = da * silu;
-          aw[q] = wt[rh] * a;
-        }
+        const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg[b].x, hu[b].x, wt[rh]);
+        const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg[b].y, hu[b].y, wt[rh]);
+        dw_rows[rh] += acc(i) * d0.a;
+        dw_rows[rh] += acc(i + 1) * d1.a;
         T* dh_row = dh + pos[rh] * 2 * F;
-        store2(dh_row + f, dg[0], dg[1]);
-        store2(dh_row + F + f, du[0], du[1]);
-        store2(aw_out + pos[rh] * F + f, aw[0], aw[1]);
+        store2(dh_row + f, d0.dgate, d1.dgate);
+        store2(dh_row + F + f, d0.dup, d1.dup);
+        store2(aw_out + pos[rh] * F + f, d0.aw, d1.aw);
       }
     }
     // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.

@@ -35,7 +35,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
-#include "cuda/device/epilogue.cuh"
+#include "cuda/device/epilogue_staged.cuh"
 #include "cuda/device/fp8_format.cuh"
 #include "cuda/device/mainloop_sm90.cuh"  // producer_sync, store_rows_staged
 
@@ -229,76 +229,6 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   }
 }
 
-__device__ __forceinline__ float amax_merge(float m, float v) {
-  return (v > m || v != v) ? v : m;  // both >= 0 or NaN
-}
-__device__ __forceinline__ float quad_amax(float m) {
-  m = amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  return amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 2));
-}
-
-// kGluQuant: a = silu(gate) * up of this warpgroup's 64 rows x 128 F columns (gate value i pairs
-// with up value i + 64), quantized along F: a row's 128 values lie in one quad (4 lanes), mxfp8's
-// blocks of 32 columns are values i >> 4 of it. h (training) is stored as the BF16 path does.
-template <Recipe R, class T>
-__device__ __forceinline__ void glu_quant_epilogue(const Fp8GemmParams& p, const WorkTile& w,
-                                                   const float* acc, int wg, int t) {
-  const int F = p.N, row_base = 64 * wg, f_base = w.n_tile * kHalfN;
-  float a[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) a[i] = acc[i] * sigmoidf(acc[i]) * acc[i + 64];
-  T* h = static_cast<T*>(p.epi.out2);  // [P, 2F] gate | up, saved for the backward
-  if (h) {
-#pragma unroll
-    for (int i = 0; i < 64; i += 2) {
-      const int r = row_base + frag_row(i, t);
-      if (r >= w.rows) continue;
-      T* row = h + static_cast<int64_t>(w.row0 + r) * 2 * F + f_base + frag_col(i, t);
-      store2(row, acc[i], acc[i + 1]);
-      store2(row + F, acc[i + 64], acc[i + 65]);
-    }
-  }
-  constexpr int kBlocks = R == Recipe::kMx ? 4 : 1;  // scale blocks in 128 columns
-  float m[2][kBlocks];
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh)
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) m[rh][b] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int b = kBlocks == 4 ? (i >> 4) : 0;  // column 8 (i >> 2) + ...: block of 32 = i >> 4
-    m[(i >> 1) & 1][b] = amax_combine(m[(i >> 1) & 1][b], a[i]);
-  }
-  BlockScale bs[2][kBlocks];
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh)
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) bs[rh][b] = block_scale<R>(quad_amax(m[rh][b]));
-#pragma unroll
-  for (int i = 0; i < 64; i += 2) {
-    const int r = row_base + frag_row(i, t);
-    if (r >= w.rows) continue;
-    const uint16_t q = quantize_pair<R>(make_float2(a[i], a[i + 1]),
-                                        bs[(i >> 1) & 1][kBlocks == 4 ? (i >> 4) : 0]);
-    *reinterpret_cast<uint16_t*>(p.q_out + static_cast<int64_t>(w.row0 + r) * F + f_base +
-                                 frag_col(i, t)) = q;
-  }
-  if ((t & 3) == 0) {
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int r = row_base + frag_row(2 * rh, t);
-      if (r >= w.rows) continue;
-      uint8_t* row_scales = p.q_scale + static_cast<int64_t>(w.row0 + r) * (F / 32);
-      if constexpr (R == Recipe::kMx) {
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) row_scales[f_base / 32 + b] = bs[rh][b].stored;
-      } else {
-        reinterpret_cast<uint32_t*>(row_scales)[w.n_tile] = bs[rh][0].stored;
-      }
-    }
-  }
-}
-
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int wg, int t) {
@@ -326,9 +256,15 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   float acc[128];  // value i + 64 h: half h, in the wgmma order of a 64 x 256 warpgroup tile
   const int r0 = 64 * wg + frag_row(0, t), r1 = 64 * wg + frag_row(2, t);
   const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
-  int stage = 0, phase = 0;
+  // The SwiGLU epilogues in bf16 keep the tile's last stage as their buffers
+  // (epilogue_staged.cuh); routed-M tiles have K > 0, so there is always one.
+  constexpr bool kHeld =
+      kShape == TileShape::kRoutedM && std::is_same_v<T, bf16> &&
+      (kEpi == Epi8::kGluQuant || kEpi == Epi8::kSwiGLUBwd || kEpi == Epi8::kStoreGLU);
+  int stage = 0, phase = 0, held = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
+    if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
@@ -369,12 +305,30 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
           }
         }
       }
-      if (t == 0) mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
+      if (kHeld && k0 + kBK >= w.k_len)
+        held = stage;
+      else if (t == 0)
+        mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
     auto value = [&](int i) { return acc[i]; };
-    if constexpr (kEpi == Epi8::kGluQuant) {
-      glu_quant_epilogue<R, T>(p, w, acc, wg, t);
+    if constexpr (kHeld) {
+      consumer_sync();  // both warpgroups' wgmmas are done reading the held stage
+      // 48 KB as six 8 KB areas: A, then B's two halves; warpgroup wg takes three of them.
+      char* area[6] = {
+          reinterpret_cast<char*>(s.a[held]),    reinterpret_cast<char*>(s.a[held]) + 8192,
+          reinterpret_cast<char*>(s.b[0][held]), reinterpret_cast<char*>(s.b[0][held]) + 8192,
+          reinterpret_cast<char*>(s.b[1][held]), reinterpret_cast<char*>(s.b[1][held]) + 8192};
+      const EpiBuffers eb{{area[3 * wg], area[3 * wg + 1], area[3 * wg + 2]}};
+      if constexpr (kEpi == Epi8::kGluQuant)
+        glu_quant_epilogue<R, T, true>(p, w, acc, wg, t, eb);
+      else if constexpr (kEpi == Epi8::kSwiGLUBwd)
+        swiglu_bwd_staged<kBN>(p.epi, w, value, wg, t, eb);
+      else
+        glu_staged<Epi::kStoreGLU, kBN>(p.epi, w, value, wg, t, eb);
+      release_held_stage(&s.empty[held], wg, t);
+    } else if constexpr (kEpi == Epi8::kGluQuant) {
+      glu_quant_epilogue<R, T, false>(p, w, acc, wg, t, EpiBuffers{});
     } else {
       constexpr Epi kBf16Epi = kEpi == Epi8::kWeighted    ? Epi::kWeighted
                                : kEpi == Epi8::kSwiGLUBwd ? Epi::kSwiGLUBwd

@@ -14,7 +14,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
-#include "cuda/device/epilogue.cuh"
+#include "cuda/device/epilogue_staged.cuh"
 #include "cuda/device/pipeline.cuh"
 
 namespace mok::cuda {
@@ -286,9 +286,15 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
   Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
   const int total = total_tiles<kMode>(p, s_prefix);
+  // The SwiGLU epilogues keep the tile's last stage as their buffers (epilogue_staged.cuh);
+  // routed-M tiles have K > 0, so there is always one.
+  constexpr bool kHeld =
+      kMode != Mode::kRoutedK && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
+                                  kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUBwd);
   PipelineState<kStages> pipe;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
+    if constexpr (kEpi == Epi::kSwiGLUBwd) prefetch_h_to_l2<BN>(p, w, wg - 1, t);
     clear(acc);
     int prev = -1;
     for (int k0 = 0; k0 < w.k_len; k0 += BK) {
@@ -311,6 +317,24 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       pipe.advance();
     }
     warpgroup_wait<0>();
+    if constexpr (kHeld) {
+      static_assert(Cfg::kStageBytesA == 16384 && Cfg::kStageBytesB == 32768, "six 8 KB areas");
+      consumer_sync();  // both warpgroups' wgmmas are done reading stage `prev`
+      // 48 KB as six 8 KB areas (A's 16 KB, then B's 32 KB); warpgroup wg - 1 takes three.
+      char* a_stage = reinterpret_cast<char*>(ring_a) + prev * Cfg::kStageBytesA;
+      char* b_stage = reinterpret_cast<char*>(ring_b) + prev * Cfg::kStageBytesB;
+      char* area[6] = {a_stage,        a_stage + 8192,  b_stage,
+                       b_stage + 8192, b_stage + 16384, b_stage + 24576};
+      const int q = 3 * (wg - 1);
+      const EpiBuffers eb{{area[q], area[q + 1], area[q + 2]}};
+      auto value = [&](int i) { return acc(i); };
+      if constexpr (kEpi == Epi::kSwiGLUBwd)
+        swiglu_bwd_staged<BN>(p, w, value, wg - 1, t, eb);
+      else
+        glu_staged<kEpi, BN>(p, w, value, wg - 1, t, eb);
+      release_held_stage(&empty[prev], wg - 1, t);
+      continue;
+    }
     if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
     if constexpr (kStagedOut) {
       store_rows_staged<kEpi, BN>(

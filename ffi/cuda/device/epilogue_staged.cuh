@@ -1,0 +1,299 @@
+// The SwiGLU epilogues of the wgmma GEMMs (BF16 and FP8, x in bf16) through shared memory.
+//
+// After a routed-M tile's mainloop the consumers keep the ring stage they read last instead of
+// handing it back at once (the producer meanwhile fills the other stages with the next tile), and
+// each consumer warpgroup uses 24 KB of it as three 64-row x 128-byte buffers (EpiBuffers). Per
+// pass of 64 columns, the accumulator fragments go into the buffers (and h comes in through them),
+// and rows leave (and arrive) as whole 16-byte chunks, 8 consecutive threads per 128-byte row.
+// run_epilogue's pair stores and loads touch 8 rows with 16 bytes each per warp instruction; with
+// three outputs and two inputs per pair that is what the backward's SwiGLU epilogue waits on,
+// longer than its tile's mainloop, with the tensor pipe idle. The element math and the rounding
+// are run_epilogue's (silu_mul, swiglu_bwd), so the outputs are bitwise equal to it.
+#pragma once
+
+#include "cuda/device/epilogue.cuh"
+#include "cuda/device/fp8_format.cuh"
+
+namespace mok::cuda {
+
+// One consumer warpgroup's three buffers inside the held stage (1024-byte aligned areas of 8 KB).
+struct EpiBuffers {
+  char* buf[3];
+};
+
+// Byte offset of (row, byte) inside a 64 x 128-byte buffer. The 16-byte chunks are XOR-swizzled
+// by row, so the 8 rows of one fragment access (lane / 4) land in 8 different bank groups, and a
+// chunk read out for a row's coalesced store stays whole.
+__device__ __forceinline__ int epi_offset(int row, int byte) {
+  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
+}
+
+// Named barrier 3 + wg: the 128 threads of consumer warpgroup wg (0 or 1).
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory");
+}
+
+// f(row, chunk, offset) over the 512 16-byte chunks of a buffer: thread t takes t, t + 128, ...,
+// 8 consecutive threads per 128-byte row (full lines in global memory).
+template <class F>
+__device__ __forceinline__ void for_each_chunk(int t, F&& f) {
+#pragma unroll 1
+  for (int j = 0; j < 4; ++j) {
+    const int idx = t + 128 * j, row = idx >> 3, chunk = idx & 7;
+    f(row, chunk, epi_offset(row, chunk << 4));
+  }
+}
+
+__device__ __forceinline__ void smem_store2(char* buf, int off, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(buf + off) = __floats2bfloat162_rn(v0, v1);
+}
+__device__ __forceinline__ float2 smem_load2(const char* buf, int off) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(buf + off));
+}
+__device__ __forceinline__ void copy16(void* dst, const char* src) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+
+// kSwiGLUBwd only: the h rows the tile's epilogue will read, pulled into L2 while its mainloop
+// runs. Thread t of the warpgroup takes row t / 2, the gate (even t) or up (odd t) columns.
+template <int BN>
+__device__ __forceinline__ void prefetch_h_to_l2(const GemmParams& p, const WorkTile& w, int wg,
+                                                 int t) {
+  const int row = 64 * wg + (t >> 1), f0 = w.n_tile * BN, F = p.N;
+  if (row >= w.rows || f0 >= F) return;
+  const int bytes = 2 * min(BN, F - f0);  // F is a multiple of 8: 16-byte multiples, aligned
+  const bf16* src =
+      static_cast<const bf16*>(p.h) + static_cast<int64_t>(w.row0 + row) * 2 * F + (t & 1) * F + f0;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
+// kSwiGLU / kSwiGLUSave / kStoreGLU of a gate/up tile (BN/2 gate columns, then their up columns):
+// a -> buffer 0, h's gate -> 1, up -> 2, one pass per 64 F columns.
+template <Epi kEpi, int BN, class Acc>
+__device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                           int wg, int t, const EpiBuffers& eb) {
+  static_assert(kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave || kEpi == Epi::kStoreGLU);
+  constexpr bool kAct = kEpi != Epi::kStoreGLU, kH = kEpi != Epi::kSwiGLU;
+  constexpr int kUp = BN / 4;  // gate value i pairs with up value i + kUp
+  const int F = p.N, row_base = 64 * wg;
+  bf16* act = static_cast<bf16*>(p.out);
+  bf16* h = static_cast<bf16*>(kEpi == Epi::kStoreGLU ? p.out : p.out2);  // [P, 2F]
+#pragma unroll
+  for (int pass = 0; pass < BN / 128; ++pass) {
+    const int f0 = w.n_tile * (BN / 2) + 64 * pass;
+#pragma unroll
+    for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+      const int off = epi_offset(frag_row(i, t), 2 * (frag_col(i, t) - 64 * pass));
+      const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
+      if constexpr (kAct) smem_store2(eb.buf[0], off, silu_mul(g0, u0), silu_mul(g1, u1));
+      if constexpr (kH) {
+        smem_store2(eb.buf[1], off, g0, g1);
+        smem_store2(eb.buf[2], off, u0, u1);
+      }
+    }
+    warpgroup_sync(wg);
+    for_each_chunk(t, [&](int r, int chunk, int off) {
+      const int row = row_base + r, f = f0 + 8 * chunk;
+      if (row >= w.rows || f >= F) return;  // F % 8 == 0: a chunk is wholly in or out
+      const int64_t pos = w.row0 + row;
+      if constexpr (kAct) copy16(act + pos * p.ldo + f, eb.buf[0] + off);
+      if constexpr (kH) {
+        copy16(h + pos * 2 * F + f, eb.buf[1] + off);
+        copy16(h + pos * 2 * F + F + f, eb.buf[2] + off);
+      }
+    });
+    warpgroup_sync(wg);  // the buffers are free for the next pass
+  }
+}
+
+// kSwiGLUBwd (acc = g = dy @ Wd^T over BN columns of F): per pass h's gate and up arrive in
+// buffers 0 and 1 by cp.async, dh_gate and dh_up overwrite them in place (each thread reads and
+// writes only its own fragment's elements), w*a goes to buffer 2; then all three leave as rows.
+template <int BN, class Acc>
+__device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                                  int wg, int t, const EpiBuffers& eb) {
+  const int F = p.N, row_base = 64 * wg;
+  const bf16* h = static_cast<const bf16*>(p.h);
+  bf16* dh = static_cast<bf16*>(p.out);
+  bf16* aw_out = static_cast<bf16*>(p.out2);
+  float wt[2];
+  int64_t pos[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int r = row_base + frag_row(2 * rh, t);
+    row_ok[rh] = r < w.rows;
+    pos[rh] = w.row0 + r;
+    wt[rh] = row_ok[rh] ? p.topk_weights[p.sorted_slot[pos[rh]]] : 0.f;
+  }
+  float dw_rows[2] = {0.f, 0.f};
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass) {
+    const int f0 = w.n_tile * BN + 64 * pass;
+    for_each_chunk(t, [&](int r, int chunk, int off) {
+      const int row = row_base + r, f = f0 + 8 * chunk;
+      const bool ok = row < w.rows && f < F;  // else zero-filled (and never stored)
+      const bf16* src = ok ? h + static_cast<int64_t>(w.row0 + row) * 2 * F + f : h;
+      cp_async_16(smem_u32(eb.buf[0] + off), src, ok);
+      cp_async_16(smem_u32(eb.buf[1] + off), ok ? src + F : h, ok);
+    });
+    cp_async_commit();
+    cp_async_wait<0>();
+    warpgroup_sync(wg);
+#pragma unroll
+    for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+      const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
+      if (!row_ok[rh] || f0 + c >= F) continue;
+      const int off = epi_offset(frag_row(i, t), 2 * c);
+      const float2 hg = smem_load2(eb.buf[0], off), hu = smem_load2(eb.buf[1], off);
+      const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg.x, hu.x, wt[rh]);
+      const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg.y, hu.y, wt[rh]);
+      dw_rows[rh] += acc(i) * d0.a;
+      dw_rows[rh] += acc(i + 1) * d1.a;
+      smem_store2(eb.buf[0], off, d0.dgate, d1.dgate);
+      smem_store2(eb.buf[1], off, d0.dup, d1.dup);
+      smem_store2(eb.buf[2], off, d0.aw, d1.aw);
+    }
+    warpgroup_sync(wg);
+    for_each_chunk(t, [&](int r, int chunk, int off) {
+      const int row = row_base + r, f = f0 + 8 * chunk;
+      if (row >= w.rows || f >= F) return;
+      const int64_t at = w.row0 + row;
+      copy16(dh + at * 2 * F + f, eb.buf[0] + off);
+      copy16(dh + at * 2 * F + F + f, eb.buf[1] + off);
+      copy16(aw_out + at * F + f, eb.buf[2] + off);
+    });
+    warpgroup_sync(wg);
+  }
+  // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    float s = dw_rows[rh];
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if ((t & 3) == 0 && row_ok[rh]) p.dw_part[pos[rh] * p.n_tiles + w.n_tile] = s;
+  }
+}
+
+// Hands the held stage back: each thread orders its generic-proxy writes of the buffers before
+// the async-proxy (TMA) writes that refill the stage, then one arrival per warpgroup.
+__device__ __forceinline__ void release_held_stage(uint64_t* empty, int wg, int t) {
+  fence_proxy_async();
+  warpgroup_sync(wg);
+  if (t == 0) mbar_arrive(empty);
+}
+
+}  // namespace mok::cuda
+
+namespace mok::cuda::fp8 {
+
+__device__ __forceinline__ float amax_merge(float m, float v) {
+  return (v > m || v != v) ? v : m;  // both >= 0 or NaN
+}
+__device__ __forceinline__ float quad_amax(float m) {
+  m = amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  return amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+// The FP8 gate/up GEMM's kGluQuant: a = silu(gate) * up of a warpgroup's 64 rows x 128 F columns
+// (gate value i pairs with up value i + 64), quantized along F: a row's 128 values lie in one quad
+// (4 lanes), mxfp8's blocks of 32 columns are values i >> 4 of it. h (training) is saved in T as
+// the BF16 path saves it. With buffers (T = bf16), the E4M3 bytes gather in buffer 0 (64 rows x
+// 128 bytes) and h passes through buffers 1, 2 in two passes of 64 columns, all leaving as
+// 16-byte row chunks; without (T = float), pair stores. Params: Fp8GemmParams (fp8_gemm.cuh).
+template <Recipe R, class T, bool kStaged, class Params>
+__device__ __forceinline__ void glu_quant_epilogue(const Params& p, const WorkTile& w,
+                                                   const float* acc, int wg, int t,
+                                                   const EpiBuffers& eb) {
+  static_assert(!kStaged || std::is_same_v<T, bf16>, "staged: 16-byte chunks of bf16");
+  constexpr int kCols = 128;  // F columns of the tile
+  const int F = p.N, row_base = 64 * wg, f_base = w.n_tile * kCols;
+  // h first, a after it: a[64] and all 128 accumulators are never live together (registers).
+  T* h = static_cast<T*>(p.epi.out2);  // [P, 2F] gate | up, saved for the backward
+  if constexpr (kStaged) {
+    if (h) {
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+        for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+          const int off = epi_offset(frag_row(i, t), 2 * (frag_col(i, t) - 64 * pass));
+          smem_store2(eb.buf[1], off, acc[i], acc[i + 1]);
+          smem_store2(eb.buf[2], off, acc[i + 64], acc[i + 65]);
+        }
+        warpgroup_sync(wg);
+        for_each_chunk(t, [&](int r, int chunk, int off) {
+          const int row = row_base + r, f = f_base + 64 * pass + 8 * chunk;
+          if (row >= w.rows || f >= F) return;
+          T* h_row = h + static_cast<int64_t>(w.row0 + row) * 2 * F;
+          copy16(h_row + f, eb.buf[1] + off);
+          copy16(h_row + F + f, eb.buf[2] + off);
+        });
+        warpgroup_sync(wg);
+      }
+    }
+  } else if (h) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const int r = row_base + frag_row(i, t);
+      if (r >= w.rows) continue;
+      T* row = h + static_cast<int64_t>(w.row0 + r) * 2 * F + f_base + frag_col(i, t);
+      store2(row, acc[i], acc[i + 1]);
+      store2(row + F, acc[i + 64], acc[i + 65]);
+    }
+  }
+  float a[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) a[i] = silu_mul(acc[i], acc[i + 64]);
+  constexpr int kBlocks = R == Recipe::kMx ? 4 : 1;  // scale blocks in 128 columns
+  float m[2][kBlocks];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) m[rh][b] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int b = kBlocks == 4 ? (i >> 4) : 0;  // column 8 (i >> 2) + ...: block of 32 = i >> 4
+    m[(i >> 1) & 1][b] = amax_combine(m[(i >> 1) & 1][b], a[i]);
+  }
+  BlockScale bs[2][kBlocks];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) bs[rh][b] = block_scale<R>(quad_amax(m[rh][b]));
+#pragma unroll
+  for (int i = 0; i < 64; i += 2) {
+    const int r = frag_row(i, t);
+    const uint16_t q = quantize_pair<R>(make_float2(a[i], a[i + 1]),
+                                        bs[(i >> 1) & 1][kBlocks == 4 ? (i >> 4) : 0]);
+    if constexpr (kStaged) {
+      *reinterpret_cast<uint16_t*>(eb.buf[0] + epi_offset(r, frag_col(i, t))) = q;
+    } else if (row_base + r < w.rows) {
+      *reinterpret_cast<uint16_t*>(p.q_out + static_cast<int64_t>(w.row0 + row_base + r) * F +
+                                   f_base + frag_col(i, t)) = q;
+    }
+  }
+  if constexpr (kStaged) {
+    warpgroup_sync(wg);
+    for_each_chunk(t, [&](int r, int chunk, int off) {  // 16 E4M3 columns a chunk
+      const int row = row_base + r, f = f_base + 16 * chunk;
+      if (row >= w.rows || f >= F) return;  // the FP8 kernels need F % 128 == 0
+      copy16(p.q_out + static_cast<int64_t>(w.row0 + row) * F + f, eb.buf[0] + off);
+    });
+  }
+  if ((t & 3) == 0) {
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int r = row_base + frag_row(2 * rh, t);
+      if (r >= w.rows) continue;
+      uint8_t* row_scales = p.q_scale + static_cast<int64_t>(w.row0 + r) * (F / 32);
+      if constexpr (R == Recipe::kMx) {
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) row_scales[f_base / 32 + b] = bs[rh][b].stored;
+      } else {
+        reinterpret_cast<uint32_t*>(row_scales)[w.n_tile] = bs[rh][0].stored;
+      }
+    }
+  }
+}
+
+}  // namespace mok::cuda::fp8
