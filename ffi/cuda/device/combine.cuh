@@ -44,18 +44,34 @@ static __global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
 // The inverse direction, for the backward's weight-gradient GEMMs: out[pos, :] = src[token, :]
 // with token = sorted_token[pos], for the positions of routed assignments (pos < expert_offset[E];
 // later rows are left as they are: the routed-K mainloop zeroes every row past an expert's count).
-// One 16-byte vector per step; H is a multiple of 8 (checked by the handlers).
+// A warp copies whole rows, lane l the 16-byte vectors l, l + 32, ... of its row, kGatherUnroll
+// loads in flight before the first store: a memory-bound copy needs ~30 KB in flight per SM to
+// approach HBM bandwidth, and one 16-byte load per thread at a time reached half of it. H is a
+// multiple of 8 (checked by the handlers): whole vectors.
+constexpr int kGatherUnroll = 4;
+
 template <class T>
-__global__ void gather_rows_kernel(const T* __restrict__ src, const int* __restrict__ sorted_token,
-                                   const int* __restrict__ expert_offset, int experts,
-                                   T* __restrict__ out, int hidden) {
-  const int64_t vecs = hidden * static_cast<int64_t>(sizeof(T)) / 16;
-  const int64_t total = static_cast<int64_t>(expert_offset[experts]) * vecs;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t pos = i / vecs, v = i - pos * vecs;
-    reinterpret_cast<uint4*>(out + pos * hidden)[v] =
-        reinterpret_cast<const uint4*>(src + static_cast<int64_t>(sorted_token[pos]) * hidden)[v];
+__global__ void __launch_bounds__(256)
+    gather_rows_kernel(const T* __restrict__ src, const int* __restrict__ sorted_token,
+                       const int* __restrict__ expert_offset, int experts, T* __restrict__ out,
+                       int hidden) {
+  const int vecs = hidden * static_cast<int>(sizeof(T)) / 16;
+  const int rows = expert_offset[experts];
+  const int lane = threadIdx.x & 31;
+  const int warps = gridDim.x * (blockDim.x >> 5);
+  for (int pos = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; pos < rows; pos += warps) {
+    const uint4* from =
+        reinterpret_cast<const uint4*>(src + static_cast<int64_t>(sorted_token[pos]) * hidden);
+    uint4* to = reinterpret_cast<uint4*>(out + static_cast<int64_t>(pos) * hidden);
+    for (int v0 = lane; v0 < vecs; v0 += 32 * kGatherUnroll) {
+      uint4 r[kGatherUnroll];
+#pragma unroll
+      for (int u = 0; u < kGatherUnroll; ++u)
+        if (v0 + 32 * u < vecs) r[u] = __ldg(from + v0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kGatherUnroll; ++u)
+        if (v0 + 32 * u < vecs) to[v0 + 32 * u] = r[u];
+    }
   }
 }
 
@@ -63,7 +79,7 @@ template <class T>
 cudaError_t launch_gather(const T* src, const int* sorted_token, const int* expert_offset,
                           int experts, T* out, int hidden, int num_sms, cudaStream_t stream) {
   gather_rows_kernel<T>
-      <<<num_sms * 4, 256, 0, stream>>>(src, sorted_token, expert_offset, experts, out, hidden);
+      <<<num_sms * 8, 256, 0, stream>>>(src, sorted_token, expert_offset, experts, out, hidden);
   return cudaGetLastError();
 }
 
