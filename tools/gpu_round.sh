@@ -11,7 +11,8 @@
 #            single-device-then-peer sequence once more with PeerTuning(check="deferred")
 #   timings  tools/kernel_timings.py timings for TIMING_SHAPES (default S1..S6), TIMING_QUANT
 #            (bf16 and both FP8 recipes; TIMING_FP8_RUNS: which FP8 runs), then the per-phase
-#            profile of PROFILE_SHAPES (S2; none: skipped) in PROFILE_QUANT (fp8_block)
+#            profile of PROFILE_SHAPES (S2; none: skipped) in PROFILE_QUANT (fp8_block);
+#            TIMING_WGRAD: the FP8 runs' MoEConfig.fp8_weight_gradients (fp8 | unquantized)
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
 #   e2e      python -m benchmarks.e2e.run $E2E_ARGS, E2E_TIMEOUT (200 s)
@@ -24,6 +25,11 @@
 #   quant    tools/kernel_timings.py quantizers (the CUDA quantizers' GB/s against the HBM copy)
 #   ncu      ncu (SpeedOfLight, WarpStateStats, SchedulerStats, MemoryWorkload) of the FP8 GEMMs of
 #            one forward of NCU_SHAPE (S2), NCU_TIMEOUT (150 s)
+#   ab       two builds bitwise (tools/compare_builds.py): AB_BASE's and AB_DEV's extensions
+#            (default .device/ext-base, .device/ext-dev), each in its own process
+#   profab   per-phase profiles of both builds, AB_SHAPES (S1,S2) x AB_QUANT (none,fp8_block), and
+#            tools/kernel_timings.py compare of each pair
+# The steps after ab / profab run with the extension they left in place (AB_DEV's).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers; liger-kernel for B6).
 # A prebuilt extension: $EXT_DIR/_mok_c*.so (default .device/ext; built on the CPU machine for
 # Python 3.12 / jax 0.11.2, carried with carry=[".device/ext"]) is used instead of building here
@@ -160,7 +166,8 @@ for s in ${STEPS//,/ }; do
       TAIL=40 run timings ${TIMING_TIMEOUT:-240} python3 tools/kernel_timings.py timings \
         --shapes ${TIMING_SHAPES:-S1,S2,S3,S4,S5,S6} \
         --quantization ${TIMING_QUANT:-none,fp8_block,mxfp8} \
-        ${TIMING_FP8_RUNS:+--fp8-runs $TIMING_FP8_RUNS}
+        ${TIMING_FP8_RUNS:+--fp8-runs $TIMING_FP8_RUNS} \
+        ${TIMING_WGRAD:+--fp8-weight-grads $TIMING_WGRAD}
       [ "${PROFILE_SHAPES:-S2}" = none ] ||
       JAX_MOK_CUDA_PROFILE=1 TAIL=40 run profile ${PROFILE_TIMEOUT:-120} \
         python3 tools/kernel_timings.py profile --shapes ${PROFILE_SHAPES:-S2} \
@@ -177,6 +184,32 @@ for s in ${STEPS//,/ }; do
     e2e)
       TAIL=30 run e2e ${E2E_TIMEOUT:-200} python3 -m benchmarks.e2e.run --out "$OUT/e2e" \
         ${E2E_ARGS:-}
+      ;;
+    ab)
+      for ext in "${AB_DEV:-.device/ext-dev}" "${AB_BASE:-.device/ext-base}"; do
+        cp "$ext"/_mok_c*.so jax_mok/
+        XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 run "ab_$(basename "$ext")" ${AB_TIMEOUT:-150} \
+          python3 tools/compare_builds.py run "/tmp/ab_$(basename "$ext").npz"
+      done
+      TAIL=10 run ab_compare 30 python3 tools/compare_builds.py compare \
+        "/tmp/ab_$(basename "${AB_BASE:-.device/ext-base}").npz" \
+        "/tmp/ab_$(basename "${AB_DEV:-.device/ext-dev}").npz"
+      cp "${AB_DEV:-.device/ext-dev}"/_mok_c*.so jax_mok/
+      ;;
+    profab)
+      for q in ${AB_QUANT:-none fp8_block}; do
+        for ext in "${AB_BASE:-.device/ext-base}" "${AB_DEV:-.device/ext-dev}"; do
+          cp "$ext"/_mok_c*.so jax_mok/
+          JAX_MOK_CUDA_PROFILE=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 TAIL=0 \
+            run "prof_$(basename "$ext")_$q" ${PROFILE_TIMEOUT:-120} python3 \
+            tools/kernel_timings.py profile --shapes ${AB_SHAPES:-S1,S2} --quantization $q
+        done
+        python3 tools/kernel_timings.py compare \
+          "$OUT/prof_$(basename "${AB_BASE:-.device/ext-base}")_$q.log" \
+          "$OUT/prof_$(basename "${AB_DEV:-.device/ext-dev}")_$q.log" \
+          | tee "$OUT/profab_$q.txt" | grep -E "GEMM|gather|quantize|total"
+      done
+      cp "${AB_DEV:-.device/ext-dev}"/_mok_c*.so jax_mok/
       ;;
     *) note "unknown step $s" ;;
   esac

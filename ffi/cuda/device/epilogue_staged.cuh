@@ -16,42 +16,72 @@
 
 namespace mok::cuda {
 
-// One consumer warpgroup's three buffers inside the held stage (1024-byte aligned areas of 8 KB).
+// One consumer warpgroup's three buffers inside the held stage: shared-memory addresses of
+// 1024-byte aligned areas of 8 KB (32-bit shared addressing keeps the per-element address
+// arithmetic small; with generic pointers it was a third of the epilogue's instructions).
 struct EpiBuffers {
-  char* buf[3];
+  uint32_t buf[3];
 };
 
-// Byte offset of (row, byte) inside a 64 x 128-byte buffer. The 16-byte chunks are XOR-swizzled
-// by row, so the 8 rows of one fragment access (lane / 4) land in 8 different bank groups, and a
-// chunk read out for a row's coalesced store stays whole.
-__device__ __forceinline__ int epi_offset(int row, int byte) {
-  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
-}
+// The buffers' layout: (row, byte) of a 64 x 128-byte buffer at row * 128 + byte, its 16-byte
+// chunks XOR-swizzled by row & 7 (the TMA 128B swizzle), so the 8 rows of one fragment access
+// (lane / 4) land in 8 different bank groups and a row's chunk read out for a coalesced store
+// stays whole. A thread's accumulator values lie in rows frag_row(0, t) and frag_row(2, t), both
+// with row & 7 = (t / 4) & 7, and its byte inside a chunk does not depend on the value's index:
+// chunk c of its row h is row_base[h] + ((c << 4) ^ swizzle).
+struct FragOffsets {
+  uint32_t row_base[2];
+  uint32_t swizzle;
+  // elem_bytes: 2 (bf16 pairs: bytes 4 (t & 3) of a chunk) or 1 (E4M3 pairs: 2 (t & 3), plus 8
+  // for the second group of 8 columns inside the 16-column chunk, added by the caller).
+  __device__ __forceinline__ FragOffsets(int t, int elem_bytes) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_base[h] = frag_row(2 * h, t) * 128 + elem_bytes * 2 * (t & 3);
+    swizzle = ((t >> 2) & 7) << 4;
+  }
+  __device__ __forceinline__ uint32_t at(int row_half, int chunk) const {
+    return row_base[row_half] + ((static_cast<uint32_t>(chunk) << 4) ^ swizzle);
+  }
+};
 
 // Named barrier 3 + wg: the 128 threads of consumer warpgroup wg (0 or 1).
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory");
 }
 
-// f(row, chunk, offset) over the 512 16-byte chunks of a buffer: thread t takes t, t + 128, ...,
-// 8 consecutive threads per 128-byte row (full lines in global memory).
+// f(row, chunk, offset) over the 512 16-byte chunks of a buffer: thread t takes chunk t & 7 of
+// rows t / 8 + 16 j (8 consecutive threads per 128-byte row: full lines in global memory), whose
+// swizzled offsets differ by 16 rows. Not unrolled: unrolled, the copies' loads were hoisted
+// ahead of their stores and spilled the FP8 kernels' registers.
 template <class F>
 __device__ __forceinline__ void for_each_chunk(int t, F&& f) {
+  const int row0 = t >> 3, chunk = t & 7;
+  const uint32_t off0 = row0 * 128 + (((chunk ^ row0) & 7) << 4);
 #pragma unroll 1
-  for (int j = 0; j < 4; ++j) {
-    const int idx = t + 128 * j, row = idx >> 3, chunk = idx & 7;
-    f(row, chunk, epi_offset(row, chunk << 4));
-  }
+  for (int j = 0; j < 4; ++j) f(row0 + 16 * j, chunk, off0 + 2048 * j);
 }
 
-__device__ __forceinline__ void smem_store2(char* buf, int off, float v0, float v1) {
-  *reinterpret_cast<__nv_bfloat162*>(buf + off) = __floats2bfloat162_rn(v0, v1);
+__device__ __forceinline__ void st_shared_pair(uint32_t addr, float v0, float v1) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
+               : "memory");
 }
-__device__ __forceinline__ float2 smem_load2(const char* buf, int off) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(buf + off));
+__device__ __forceinline__ float2 ld_shared_pair(uint32_t addr) {
+  uint32_t raw;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(raw) : "r"(addr) : "memory");
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw));
 }
-__device__ __forceinline__ void copy16(void* dst, const char* src) {
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+// 16 bytes of shared memory to global memory.
+__device__ __forceinline__ void copy16(void* dst, uint32_t src) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(src)
+               : "memory");
+  *reinterpret_cast<uint4*>(dst) = v;
 }
 
 // kSwiGLUBwd only: the h rows the tile's epilogue will read, pulled into L2 while its mainloop
@@ -78,21 +108,22 @@ __device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& 
   const int F = p.N, row_base = 64 * wg;
   bf16* act = static_cast<bf16*>(p.out);
   bf16* h = static_cast<bf16*>(kEpi == Epi::kStoreGLU ? p.out : p.out2);  // [P, 2F]
+  const FragOffsets fo(t, 2);
 #pragma unroll
   for (int pass = 0; pass < BN / 128; ++pass) {
     const int f0 = w.n_tile * (BN / 2) + 64 * pass;
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
-      const int off = epi_offset(frag_row(i, t), 2 * (frag_col(i, t) - 64 * pass));
+      const uint32_t off = fo.at((i >> 1) & 1, (i >> 2) & 7);
       const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
-      if constexpr (kAct) smem_store2(eb.buf[0], off, silu_mul(g0, u0), silu_mul(g1, u1));
+      if constexpr (kAct) st_shared_pair(eb.buf[0] + off, silu_mul(g0, u0), silu_mul(g1, u1));
       if constexpr (kH) {
-        smem_store2(eb.buf[1], off, g0, g1);
-        smem_store2(eb.buf[2], off, u0, u1);
+        st_shared_pair(eb.buf[1] + off, g0, g1);
+        st_shared_pair(eb.buf[2] + off, u0, u1);
       }
     }
     warpgroup_sync(wg);
-    for_each_chunk(t, [&](int r, int chunk, int off) {
+    for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
       const int row = row_base + r, f = f0 + 8 * chunk;
       if (row >= w.rows || f >= F) return;  // F % 8 == 0: a chunk is wholly in or out
       const int64_t pos = w.row0 + row;
@@ -127,15 +158,16 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
     wt[rh] = row_ok[rh] ? p.topk_weights[p.sorted_slot[pos[rh]]] : 0.f;
   }
   float dw_rows[2] = {0.f, 0.f};
+  const FragOffsets fo(t, 2);
 #pragma unroll
   for (int pass = 0; pass < BN / 64; ++pass) {
     const int f0 = w.n_tile * BN + 64 * pass;
-    for_each_chunk(t, [&](int r, int chunk, int off) {
+    for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
       const int row = row_base + r, f = f0 + 8 * chunk;
       const bool ok = row < w.rows && f < F;  // else zero-filled (and never stored)
       const bf16* src = ok ? h + static_cast<int64_t>(w.row0 + row) * 2 * F + f : h;
-      cp_async_16(smem_u32(eb.buf[0] + off), src, ok);
-      cp_async_16(smem_u32(eb.buf[1] + off), ok ? src + F : h, ok);
+      cp_async_16(eb.buf[0] + off, src, ok);
+      cp_async_16(eb.buf[1] + off, ok ? src + F : h, ok);
     });
     cp_async_commit();
     cp_async_wait<0>();
@@ -144,18 +176,18 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
       if (!row_ok[rh] || f0 + c >= F) continue;
-      const int off = epi_offset(frag_row(i, t), 2 * c);
-      const float2 hg = smem_load2(eb.buf[0], off), hu = smem_load2(eb.buf[1], off);
+      const uint32_t off = fo.at(rh, (i >> 2) & 7);
+      const float2 hg = ld_shared_pair(eb.buf[0] + off), hu = ld_shared_pair(eb.buf[1] + off);
       const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg.x, hu.x, wt[rh]);
       const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg.y, hu.y, wt[rh]);
       dw_rows[rh] += acc(i) * d0.a;
       dw_rows[rh] += acc(i + 1) * d1.a;
-      smem_store2(eb.buf[0], off, d0.dgate, d1.dgate);
-      smem_store2(eb.buf[1], off, d0.dup, d1.dup);
-      smem_store2(eb.buf[2], off, d0.aw, d1.aw);
+      st_shared_pair(eb.buf[0] + off, d0.dgate, d1.dgate);
+      st_shared_pair(eb.buf[1] + off, d0.dup, d1.dup);
+      st_shared_pair(eb.buf[2] + off, d0.aw, d1.aw);
     }
     warpgroup_sync(wg);
-    for_each_chunk(t, [&](int r, int chunk, int off) {
+    for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
       const int row = row_base + r, f = f0 + 8 * chunk;
       if (row >= w.rows || f >= F) return;
       const int64_t at = w.row0 + row;
@@ -172,6 +204,61 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     if ((t & 3) == 0 && row_ok[rh]) p.dw_part[pos[rh] * p.n_tiles + w.n_tile] = s;
+  }
+}
+
+// The BF16 wgmma kernel's plain row outputs (kWeighted, kStoreRows, kStoreCast) through the
+// warpgroup's 8 KB staging buffer `buf` (1024-byte aligned) by TMA: per 64-column pass the
+// fragments go into the buffer, one thread stores it as one box of p.tmap_out (which clips rows
+// and columns past the tensor) and the warpgroup goes on; the store drains while the next pass is
+// written and while the next tile's mainloop runs, where 16-byte stores by every thread held the
+// warpgroup in the epilogue until the last one issued. A routed-M warpgroup whose 64 rows run past
+// the expert's count (the next expert's positions follow, which a box would overwrite) copies its
+// valid rows by threads instead. Same rounding as run_epilogue (bitwise equal outputs).
+template <Epi kEpi, int BN, class Acc>
+__device__ __forceinline__ void store_rows_tma(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                               int wg, int t, uint32_t buf) {
+  static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
+                "plain row stores only");
+  const int row_base = 64 * wg;
+  float scale[2] = {1.f, 1.f};
+  if constexpr (kEpi == Epi::kWeighted) {  // the routing weight, loaded once per row
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_base + frag_row(2 * h, t);
+      scale[h] = r < w.rows ? p.topk_weights[p.sorted_slot[w.row0 + r]] : 0.f;
+    }
+  }
+  const bool boxed = kEpi == Epi::kStoreCast || w.rows >= row_base + 64;
+  const FragOffsets fo(t, 2);
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass) {
+    if (t == 0) bulk_wait<0, true>();  // the previous box has left the buffer
+    warpgroup_sync(wg);
+#pragma unroll
+    for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+      const float s = scale[(i >> 1) & 1];
+      float v0 = acc(i), v1 = acc(i + 1);
+      if constexpr (kEpi == Epi::kWeighted) v0 = s * v0, v1 = s * v1;
+      st_shared_pair(buf + fo.at((i >> 1) & 1, (i >> 2) & 7), v0, v1);
+    }
+    const int n0 = w.n_tile * BN + 64 * pass;
+    if (boxed) {
+      fence_proxy_async();  // the buffer's generic writes, before the async proxy reads them
+      warpgroup_sync(wg);
+      if (t == 0) {
+        tma_store_3d(&p.tmap_out, buf, n0, w.row0 + row_base,
+                     kEpi == Epi::kStoreCast ? w.expert : 0);
+        bulk_commit();
+      }
+    } else {
+      warpgroup_sync(wg);
+      bf16* out = static_cast<bf16*>(p.out);
+      for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
+        const int row = row_base + r, n = n0 + 8 * chunk;
+        if (row < w.rows && n < p.N) copy16(out + (w.row0 + row) * p.ldo + n, buf + off);
+      });
+    }
   }
 }
 
@@ -212,16 +299,17 @@ __device__ __forceinline__ void glu_quant_epilogue(const Params& p, const WorkTi
   T* h = static_cast<T*>(p.epi.out2);  // [P, 2F] gate | up, saved for the backward
   if constexpr (kStaged) {
     if (h) {
+      const FragOffsets fo(t, 2);
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
 #pragma unroll
         for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
-          const int off = epi_offset(frag_row(i, t), 2 * (frag_col(i, t) - 64 * pass));
-          smem_store2(eb.buf[1], off, acc[i], acc[i + 1]);
-          smem_store2(eb.buf[2], off, acc[i + 64], acc[i + 65]);
+          const uint32_t off = fo.at((i >> 1) & 1, (i >> 2) & 7);
+          st_shared_pair(eb.buf[1] + off, acc[i], acc[i + 1]);
+          st_shared_pair(eb.buf[2] + off, acc[i + 64], acc[i + 65]);
         }
         warpgroup_sync(wg);
-        for_each_chunk(t, [&](int r, int chunk, int off) {
+        for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
           const int row = row_base + r, f = f_base + 64 * pass + 8 * chunk;
           if (row >= w.rows || f >= F) return;
           T* h_row = h + static_cast<int64_t>(w.row0 + row) * 2 * F;
@@ -266,7 +354,9 @@ __device__ __forceinline__ void glu_quant_epilogue(const Params& p, const WorkTi
     const uint16_t q = quantize_pair<R>(make_float2(a[i], a[i + 1]),
                                         bs[(i >> 1) & 1][kBlocks == 4 ? (i >> 4) : 0]);
     if constexpr (kStaged) {
-      *reinterpret_cast<uint16_t*>(eb.buf[0] + epi_offset(r, frag_col(i, t))) = q;
+      // byte column frag_col(i, t) = 16 (i / 8) + 8 ((i / 4) & 1) + 2 (t & 3)
+      st_shared_u16(
+          eb.buf[0] + FragOffsets(t, 1).at((i >> 1) & 1, (i >> 3) & 7) + 8 * ((i >> 2) & 1), q);
     } else if (row_base + r < w.rows) {
       *reinterpret_cast<uint16_t*>(p.q_out + static_cast<int64_t>(w.row0 + row_base + r) * F +
                                    f_base + frag_col(i, t)) = q;
@@ -274,7 +364,7 @@ __device__ __forceinline__ void glu_quant_epilogue(const Params& p, const WorkTi
   }
   if constexpr (kStaged) {
     warpgroup_sync(wg);
-    for_each_chunk(t, [&](int r, int chunk, int off) {  // 16 E4M3 columns a chunk
+    for_each_chunk(t, [&](int r, int chunk, uint32_t off) {  // 16 E4M3 columns a chunk
       const int row = row_base + r, f = f_base + 16 * chunk;
       if (row >= w.rows || f >= F) return;  // the FP8 kernels need F % 128 == 0
       copy16(p.q_out + static_cast<int64_t>(w.row0 + row) * F + f, eb.buf[0] + off);

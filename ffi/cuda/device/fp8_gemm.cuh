@@ -314,12 +314,11 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kHeld) {
       consumer_sync();  // both warpgroups' wgmmas are done reading the held stage
-      // 48 KB as six 8 KB areas: A, then B's two halves; warpgroup wg takes three of them.
-      char* area[6] = {
-          reinterpret_cast<char*>(s.a[held]),    reinterpret_cast<char*>(s.a[held]) + 8192,
-          reinterpret_cast<char*>(s.b[0][held]), reinterpret_cast<char*>(s.b[0][held]) + 8192,
-          reinterpret_cast<char*>(s.b[1][held]), reinterpret_cast<char*>(s.b[1][held]) + 8192};
-      const EpiBuffers eb{{area[3 * wg], area[3 * wg + 1], area[3 * wg + 2]}};
+      // 48 KB as six 8 KB areas (A, then B's two halves): three for each warpgroup.
+      const uint32_t sa = smem_u32(s.a[held]), sb0 = smem_u32(s.b[0][held]),
+                     sb1 = smem_u32(s.b[1][held]);
+      const EpiBuffers eb =
+          wg == 0 ? EpiBuffers{{sa, sa + 8192, sb0}} : EpiBuffers{{sb0 + 8192, sb1, sb1 + 8192}};
       if constexpr (kEpi == Epi8::kGluQuant)
         glu_quant_epilogue<R, T, true>(p, w, acc, wg, t, eb);
       else if constexpr (kEpi == Epi8::kSwiGLUBwd)

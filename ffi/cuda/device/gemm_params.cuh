@@ -63,6 +63,9 @@ struct GemmParams {
   int64_t a_rows;  // rows of the A allocation (T*k for the activations): the tensor maps' bound
   // wgmma path with A not gathered: the 2-D tensor map of A, [a_rows][K] (routed-K: [a_rows][M])
   alignas(64) CUtensorMap tmap_a;
+  // wgmma path, staged row outputs: `out` as a 3-D tensor map in 64 x 64 boxes (routed-M:
+  // [1][a_rows][N]; routed-K: [E][M][N]), host/tma.h
+  alignas(64) CUtensorMap tmap_out;
 };
 static_assert(sizeof(GemmParams) <= 4096, "a __grid_constant__ kernel parameter (4 KB limit)");
 

@@ -320,13 +320,11 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     if constexpr (kHeld) {
       static_assert(Cfg::kStageBytesA == 16384 && Cfg::kStageBytesB == 32768, "six 8 KB areas");
       consumer_sync();  // both warpgroups' wgmmas are done reading stage `prev`
-      // 48 KB as six 8 KB areas (A's 16 KB, then B's 32 KB); warpgroup wg - 1 takes three.
-      char* a_stage = reinterpret_cast<char*>(ring_a) + prev * Cfg::kStageBytesA;
-      char* b_stage = reinterpret_cast<char*>(ring_b) + prev * Cfg::kStageBytesB;
-      char* area[6] = {a_stage,        a_stage + 8192,  b_stage,
-                       b_stage + 8192, b_stage + 16384, b_stage + 24576};
-      const int q = 3 * (wg - 1);
-      const EpiBuffers eb{{area[q], area[q + 1], area[q + 2]}};
+      // 48 KB as six 8 KB areas (A's 16 KB, then B's 32 KB): three for each warpgroup.
+      const uint32_t sa = smem_u32(ring_a) + prev * Cfg::kStageBytesA;
+      const uint32_t sb = smem_u32(ring_b) + prev * Cfg::kStageBytesB;
+      const EpiBuffers eb = wg == 1 ? EpiBuffers{{sa, sa + 8192, sb}}
+                                    : EpiBuffers{{sb + 8192, sb + 16384, sb + 24576}};
       auto value = [&](int i) { return acc(i); };
       if constexpr (kEpi == Epi::kSwiGLUBwd)
         swiglu_bwd_staged<BN>(p, w, value, wg - 1, t, eb);
@@ -337,16 +335,19 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     }
     if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
     if constexpr (kStagedOut) {
-      store_rows_staged<kEpi, BN>(
+      store_rows_tma<kEpi, BN>(
           p, w, [&](int i) { return acc(i); }, wg - 1, t,
-          out_stage + (wg - 1) * (kOutStageBytes / 2));
+          smem_u32(out_stage) + (wg - 1) * (kOutStageBytes / 2));
     } else {
       run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
     }
   }
+  if (kStagedOut && t == 0)
+    bulk_wait<0, false>();  // the last boxes are written before the CTA ends
 }
 
-// The plain row outputs that may go out through the staging area (store_rows_staged).
+// The plain row outputs that may go out through the staging area (store_rows_tma; the FP8
+// kernels' store_rows_staged).
 template <Epi kEpi>
 constexpr bool kStagedEpilogue =
     kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows || kEpi == Epi::kStoreCast;
@@ -372,9 +373,11 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // Storage::rows [BM]
   int* s_prefix = reinterpret_cast<int*>(s_rows + Cfg::BM);       // [E+1]
   int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
-  // [kOutStageBytes] after the offsets, 128-byte aligned (kStagedOut only)
-  char* out_stage = reinterpret_cast<char*>(
-      (reinterpret_cast<uintptr_t>(s_offset + p.experts + 1) + 127) & ~uintptr_t{127});
+  // [kOutStageBytes] after the offsets (kStagedOut only), 1024-byte aligned in the shared
+  // window: the TMA stores' 128B swizzle is a function of the address.
+  const uint32_t tables_end = smem_u32(s_offset + p.experts + 1);
+  char* out_stage = reinterpret_cast<char*>(s_offset + p.experts + 1) +
+                    (((tables_end + kSmemAlign - 1) & ~uint32_t{kSmemAlign - 1}) - tables_end);
 
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
     s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;

@@ -31,7 +31,7 @@ struct PipelineState {
 
 // The fixed head of the wgmma kernel's dynamic shared memory, at the 1024-aligned base. After it
 // come the per-call tables and, with staged stores, the staging area:
-//   SharedStorage | mtile prefix [E+1] i32 | expert offset [E+1] i32 | (128-aligned) staging
+//   SharedStorage | mtile prefix [E+1] i32 | expert offset [E+1] i32 | (1024-aligned) staging
 template <int BM, int BN, int BK, int kStages>
 struct SharedStorage {
   static constexpr int kStageBytesA = BM * BK * 2, kStageBytesB = BN * BK * 2;  // bf16
@@ -44,7 +44,7 @@ struct SharedStorage {
   // Dynamic shared memory of one launch: alignment slack, this head, the two tables, staging.
   static constexpr size_t dynamic_bytes(int experts, bool staged) {
     return kSmemAlign + sizeof(SharedStorage) + 2 * sizeof(int) * (experts + 1) +
-           (staged ? 128 + kOutStageBytes : 0);
+           (staged ? kSmemAlign + kOutStageBytes : 0);
   }
 };
 

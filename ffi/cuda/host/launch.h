@@ -75,6 +75,20 @@ ExpertOrderRows InExpertOrder(const T* tokens, const T* sorted, const Routing& r
   return sorted ? ExpertOrderRows{sorted, nullptr} : ExpertOrderRows{tokens, r.sorted_token};
 }
 
+// x and dy gathered once into expert order (the backward's operands of dy·Wd^T and of the
+// weight-gradient GEMMs, which then load them by TMA), as one phase.
+template <class T>
+ffi::Error GatherXDy(const Routing& r, const T* x, const T* dy, int64_t hidden, T* x_sorted,
+                     T* dy_sorted, int sms, cudaStream_t stream) {
+  const int h = static_cast<int>(hidden);
+  cudaError_t err =
+      launch_gather<T>(x, r.sorted_token, r.expert_offset, r.experts, x_sorted, h, sms, stream);
+  if (err == cudaSuccess)
+    err =
+        launch_gather<T>(dy, r.sorted_token, r.expert_offset, r.experts, dy_sorted, h, sms, stream);
+  return Stage("gather x, dy into expert order", err, stream);
+}
+
 // The weight gradients by the routed-K GEMMs in T (phases/backward.cu), from the backward's
 // expert-ordered operands: dWd[e] = (w·a)^T dy[tok] [F, H], dWgu[e] = x[tok]^T dh [H, 2F]. Also
 // the FP8 backward's, with MoEConfig.fp8_weight_gradients = "unquantized".
@@ -123,6 +137,10 @@ cudaError_t LaunchRoutedM(GemmParams& p, const GemmNames& names, const Plan& pla
     }
     *error = MakeActivationTensorMap(p, names);
     if (error->failure()) return cudaSuccess;
+    if constexpr (kStagedEpilogue<kEpi>) {
+      if (plan.staged_stores) *error = MakeOutputTensorMap(p, kMode, names);
+      if (error->failure()) return cudaSuccess;
+    }
     return LaunchWgmma<kMode, kEpi, true>(p, plan, stream);
   }
 }
@@ -137,6 +155,8 @@ ffi::Error RunGemm(const GemmNames& names, GemmParams p, const Plan& plan, cudaS
     if (plan.wgmma) {
       if constexpr (kMode == Mode::kRoutedK) {
         MOK_RETURN_IF_ERROR(MakeWgradTensorMaps(p, names));
+        if (kStagedEpilogue<kEpi> && plan.staged_stores)
+          MOK_RETURN_IF_ERROR(MakeOutputTensorMap(p, kMode, names));
         return Stage(names.phase, LaunchWgmma<kMode, kEpi, true>(p, plan, stream), stream);
       } else {
         ffi::Error error = ffi::Error::Success();

@@ -127,4 +127,19 @@ inline ffi::Error MakeWgradTensorMaps(GemmParams& p, const GemmNames& names) {
                      StrCat("(bfloat16 [", p.a_rows, ", ", p.N, "], row stride ", p.ldb, ")"), p.b);
 }
 
+// The staged row outputs' tensor map (store_rows_tma): routed-M `out` [a_rows][N], routed-K the
+// weight gradient [E][M][N], rows `ldo` elements apart; boxes of 64 columns x 64 rows.
+inline ffi::Error MakeOutputTensorMap(GemmParams& p, Mode mode, const GemmNames& names) {
+  const bool wgrad = mode == Mode::kRoutedK;
+  const cuuint64_t rows = static_cast<cuuint64_t>(wgrad ? p.M : p.a_rows);
+  const cuuint64_t ld_bytes = static_cast<cuuint64_t>(p.ldo) * 2;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.N), rows,
+                              static_cast<cuuint64_t>(wgrad ? p.experts : 1)};
+  const cuuint64_t strides[2] = {ld_bytes, rows * ld_bytes};
+  const cuuint32_t box[3] = {64, 64, 1};
+  return EncodeError(
+      EncodeBf16Status(&p.tmap_out, p.out, 3, dims, strides, box), names, "the output",
+      StrCat("(bfloat16 [", dims[2], ", ", rows, ", ", p.N, "], row stride ", p.ldo, ")"), p.out);
+}
+
 }  // namespace mok::cuda

@@ -43,15 +43,8 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
   const ExpertOrderRows dy_rows = InExpertOrder(dy, b.dy_sorted, r);
   ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
-  if (pregather) {
-    const int experts = static_cast<int>(pr.experts), hidden = static_cast<int>(H);
-    cudaError_t err = launch_gather<T>(x, r.sorted_token, r.expert_offset, experts, b.x_sorted,
-                                       hidden, plan.sms, stream);
-    if (err == cudaSuccess)
-      err = launch_gather<T>(dy, r.sorted_token, r.expert_offset, experts, b.dy_sorted, hidden,
-                             plan.sms, stream);
-    MOK_RETURN_IF_ERROR(Stage("gather x, dy into expert order", err, stream));
-  }
+  if (pregather)
+    MOK_RETURN_IF_ERROR(GatherXDy<T>(r, x, dy, H, b.x_sorted, b.dy_sorted, plan.sms, stream));
 
   if (!h_saved) {
     GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored in x's dtype)

@@ -105,15 +105,8 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
         CombineGradients<T>(r, pr, b.dx_part, dx, b.dw_part, d_w, g_tiles, dev.sms, stream));
 
     if (unquantized) {
-      if (pregather) {
-        const int experts = static_cast<int>(E), hidden = static_cast<int>(H);
-        cudaError_t err = launch_gather<T>(x, r.sorted_token, r.expert_offset, experts, b.x_sorted,
-                                           hidden, dev.sms, stream);
-        if (err == cudaSuccess)
-          err = launch_gather<T>(dy, r.sorted_token, r.expert_offset, experts, b.dy_sorted, hidden,
-                                 dev.sms, stream);
-        MOK_RETURN_IF_ERROR(Stage("gather x, dy into expert order", err, stream));
-      }
+      if (pregather)
+        MOK_RETURN_IF_ERROR(GatherXDy<T>(r, x, dy, H, b.x_sorted, b.dy_sorted, dev.sms, stream));
       return WeightGradients<T>(stream, plan, r, op.w, P, H, F, InExpertOrder(x, b.x_sorted, r),
                                 InExpertOrder(dy, b.dy_sorted, r), b.aw, b.dh, d_w_gate_up,
                                 d_w_down);
