@@ -147,7 +147,7 @@ def moe(x: jax.Array, params: MoEParams, *, return_aux: bool = False,
                                     implementation=implementation,
                                     save_activations=config.save_activations,
                                     prepared=fp8_weights,
-                                    weight_grads=config.fp8_weight_gradients)
+                                    weight_grads=config.weight_gradient_mode())
     elif _partitioned_experts(x, params, implementation):
         experts = functools.partial(ep.partitioned.routed_experts, config=config,
                                     implementation=implementation, tuning=tuning)

@@ -50,16 +50,18 @@ class MoEConfig:
         one power-of-two scale per 32 elements along each GEMM's reduction axis) or
         ``"fp8_block"`` (DeepSeek-V3: E4M3 values, float32 scales per 1 x 128 activation block
         and 128 x 128 weight tile). Routing, the shared expert and accumulation are unchanged;
-        see :mod:`jax_mok.quantization.layer` for the exact semantics. The FP8 layer is pure
-        JAX today and always recomputes h in the backward (``save_activations`` changes nothing
-        there).
+        see :mod:`jax_mok.quantization.layer` for the exact semantics (the CUDA FP8 kernels
+        compute it on Hopper, the pure-JAX layer elsewhere; docs/fp8.md).
       fp8_weight_gradients: with ``quantization``, how the two expert weight gradients are
-        computed. ``"fp8"`` (default): FP8 GEMMs on their operands quantized along each
-        expert's tokens (the recipe's 32 x 1 / 128 x 1 token blocks). ``"unquantized"``: GEMMs in
-        x's dtype on the operands as they are (x, dy, w·a and dh; float32 accumulation), as the
-        BF16 layer computes them: more accurate weight gradients, and on Hopper no token-wise
-        quantization pass (docs/fp8.md says which is faster where). The forward and the data
-        gradients are FP8 either way.
+        computed. ``"fp8"``: FP8 GEMMs on their operands quantized along each expert's tokens
+        (the recipe's 32 x 1 / 128 x 1 token blocks). ``"unquantized"``: GEMMs in x's dtype on
+        the operands as they are (x, dy, w·a and dh; float32 accumulation), as the BF16 layer
+        computes them: more accurate weight gradients, and on Hopper no token-wise quantization
+        pass; faster on every measured shape (docs/fp8.md). ``None`` (default):
+        ``"unquantized"``, except under expert parallelism, where the token rows travel
+        quantized and only ``"fp8"`` exists (a one-time warning says so; set the field to get
+        the same gradients on every mesh). The forward and the data gradients are FP8 either
+        way.
     """
 
     num_experts: int
@@ -79,7 +81,7 @@ class MoEConfig:
     save_activations: bool | None = None
     router_precision: str = "highest"
     quantization: str | None = None
-    fp8_weight_gradients: str = "fp8"
+    fp8_weight_gradients: str | None = None
 
     def __post_init__(self):
         def positive_int(name):
@@ -106,9 +108,9 @@ class MoEConfig:
                 f"MoEConfig.quantization must be one of {_QUANTIZATIONS}, "
                 f"got {self.quantization!r}"
             )
-        if self.fp8_weight_gradients not in _FP8_WEIGHT_GRADIENTS:
+        if self.fp8_weight_gradients not in (None, *_FP8_WEIGHT_GRADIENTS):
             raise ValueError(
-                f"MoEConfig.fp8_weight_gradients must be one of {_FP8_WEIGHT_GRADIENTS}, "
+                f"MoEConfig.fp8_weight_gradients must be None or one of {_FP8_WEIGHT_GRADIENTS}, "
                 f"got {self.fp8_weight_gradients!r}"
             )
         if self.activation not in _ACTIVATIONS:
@@ -190,6 +192,14 @@ class MoEConfig:
         if self.num_shared_experts == 0:
             return 0
         return self.num_shared_experts * (self.shared_ffn_size or self.ffn_size)
+
+    def weight_gradient_mode(self, expert_parallel: bool = False) -> str:
+        """The FP8 weight-gradient mode a call runs: ``fp8_weight_gradients``, or for ``None``
+        ``"unquantized"`` (faster on every measured shape), ``"fp8"`` under expert parallelism
+        (the only mode there)."""
+        if self.fp8_weight_gradients is not None:
+            return self.fp8_weight_gradients
+        return "fp8" if expert_parallel else "unquantized"
 
     def capacity(self, num_tokens: int) -> int | None:
         """Assignments each expert keeps for ``num_tokens`` tokens (None when dropless)."""

@@ -110,8 +110,10 @@ def test_requantization_is_idempotent_in_values(recipe, dtype):
 # --- the layer against the single-device FP8 layer --------------------------------------------
 
 def _case(recipe, dtype, key=0):
+    # "fp8" weight gradients on both sides: the default (None) runs "unquantized" on one device,
+    # which has no expert-parallel path (tests/test_fp8.py checks the default under EP).
     config = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
-                               quantization=recipe)
+                               quantization=recipe, fp8_weight_gradients="fp8")
     params = testing.random_params(jax.random.key(key), config, dtype)
     x = jax.random.normal(jax.random.key(key + 1), (T, H)).astype(dtype)
     return x, params
@@ -185,7 +187,8 @@ def _directions(config_recipe, dtype, ep: int, hidden: int, top_k: int) -> dict:
     ``dy`` (the backward's rows to the experts), ``dx`` (the backward's rows and routing-weight
     gradients home)."""
     config = jax_mok.MoEConfig(num_experts=2 * ep, top_k=top_k, hidden_size=hidden,
-                               ffn_size=128, quantization=config_recipe)
+                               ffn_size=128, quantization=config_recipe,
+                               fp8_weight_gradients="fp8")
     params = testing.random_params(jax.random.key(0), config, dtype)
     x = jnp.ones((32 * ep, hidden), dtype)
     mesh = _mesh(ep)

@@ -26,6 +26,7 @@ from test_quantization import (
 )
 
 import jax_mok
+import jax_mok.ep.layer
 from jax_mok import quantization as qz
 from jax_mok import testing
 from jax_mok.quantization import cuda as kernels_fp8
@@ -321,7 +322,8 @@ def test_flax_modules_pass_the_config_through():
 
 def test_expert_parallel_xla_matches_single_device():
     config = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=64, ffn_size=48,
-                               quantization="mxfp8", capacity_factor=1.5)
+                               quantization="mxfp8", capacity_factor=1.5,
+                               fp8_weight_gradients="fp8")
     params = testing.random_params(jax.random.key(0), config, jnp.float32)
     x = jax.random.normal(jax.random.key(1), (64, 64))
     mesh = cpu_devices.mesh((1, 2), ("data", "expert"))
@@ -336,6 +338,15 @@ def test_expert_parallel_xla_matches_single_device():
     # the token blocks of the weight gradients match: only float32 summation order differs.
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert testing.rel_error(a, b) < testing.tolerance(jnp.float32)
+    # The default (None) runs "fp8" under expert parallelism, and says so once.
+    default = dataclasses.replace(params, config=dataclasses.replace(config,
+                                                                     fp8_weight_gradients=None))
+    jax_mok.ep.layer._warned.clear()
+    with pytest.warns(UserWarning, match=r"fp8_weight_gradients=None\) runs 'fp8'"):
+        got_default = jax.jit(jax.value_and_grad(
+            lambda x, p: loss(x, p, mesh=mesh, transport="xla"), argnums=(0, 1)))(x, default)
+    for a, b in zip(jax.tree.leaves(got_default), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # Pre-quantized experts travel through shard_map as QuantizedWeight pytrees.
     params = dataclasses.replace(params, config=dataclasses.replace(config,
                                                                     quantization="fp8_block"))
@@ -415,10 +426,14 @@ def test_unquantized_weight_gradients(recipe, dtype):
 
 def test_unquantized_weight_gradients_through_the_api():
     config = jax_mok.MoEConfig(num_experts=E, top_k=K, hidden_size=H, ffn_size=F,
-                               quantization="fp8_block")
+                               quantization="fp8_block", fp8_weight_gradients="fp8")
     base = _layer_grads(config, jnp.float32)[0]
     un = _layer_grads(dataclasses.replace(config, fp8_weight_gradients="unquantized"),
                       jnp.float32)[0]
+    default = _layer_grads(dataclasses.replace(config, fp8_weight_gradients=None),
+                           jnp.float32)[0]  # None: "unquantized" on one device
+    for a, b in zip(jax.tree.leaves(default), jax.tree.leaves(un), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     y0, (dx0, p0) = base
     y1, (dx1, p1) = un
     np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))  # the forward is the same
@@ -426,7 +441,7 @@ def test_unquantized_weight_gradients_through_the_api():
     for name in ("w_gate_up", "w_down"):
         a, b = getattr(p1, name), getattr(p0, name)
         assert 1e-3 < testing.rel_error(a, np.asarray(b, np.float64)) < LAYER_TOLERANCE, name
-    with pytest.raises(ValueError, match="fp8_weight_gradients must be one of"):
+    with pytest.raises(ValueError, match="fp8_weight_gradients must be None or one of"):
         dataclasses.replace(config, fp8_weight_gradients="bf16")
     with pytest.raises(ValueError, match="weight_grads"):
         fp8.routed_experts_fp8(*_inputs(jnp.float32)[:5], "mxfp8", weight_grads="bf16")

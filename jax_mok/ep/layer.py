@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +76,15 @@ def no_tokens(x: jax.Array, config, return_aux: bool):
                "dropped_tokens": jnp.zeros((), jnp.int32)}
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=4)
+
+
 def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_global: int,
                dtype, implementation: str, tuning: Tuning) -> Transport | None:
     """The transport object of a call (None when data parallel: nothing travels); the peer
@@ -82,13 +92,17 @@ def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_g
     save = config.save_activations
     if ep_plan.expert_axis is None:
         return None
-    if config.quantization is not None and config.fp8_weight_gradients != "fp8":
+    if config.quantization is not None and config.fp8_weight_gradients == "unquantized":
         # Rows reach the experts as deq(Q(x)) (the XLA transport quantizes what travels), so
         # "unquantized" weight gradients would not be the single-device layer's.
         raise NotImplementedError(
-            f"jax_mok: fp8_weight_gradients={config.fp8_weight_gradients!r} has no expert-"
-            "parallel path yet (the token rows travel quantized); use the default 'fp8' with "
-            "an expert axis")
+            "jax_mok: fp8_weight_gradients='unquantized' has no expert-parallel path yet (the "
+            "token rows travel quantized); use 'fp8' (or None) with an expert axis")
+    if config.quantization is not None and config.fp8_weight_gradients is None:
+        _warn_once("jax_mok: MoEConfig(fp8_weight_gradients=None) runs 'fp8' weight gradients "
+                   "under expert parallelism (the token rows travel quantized, so 'unquantized' "
+                   "has no path here) and 'unquantized' on one device or data parallel; set "
+                   "fp8_weight_gradients='fp8' to get the same gradients on every mesh")
     if ep_plan.transport != "peer":
         return XlaTransport(ep_plan.expert_axis, implementation, save, tuning,
                             config.quantization)
@@ -157,7 +171,7 @@ def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertPar
                 y = fp8.routed_experts_fp8(
                     x_loc, ids, routing.topk_weights, w_gu, w_dn, config.quantization,
                     implementation=implementation, save_activations=config.save_activations,
-                    weight_grads=config.fp8_weight_gradients).astype(jnp.float32)
+                    weight_grads=config.weight_gradient_mode()).astype(jnp.float32)
             else:
                 y = autodiff.routed_experts(
                     x_loc, ids, routing.topk_weights, w_gu, w_dn,
