@@ -28,6 +28,39 @@ __device__ __forceinline__ SwiGLUGrad swiglu_bwd(float g, float hg, float hu, fl
   return {da * hu * s * (1.f + hg * (1.f - s)), da * silu, wt * a, a};
 }
 
+// The two rows a consumer thread holds in its warpgroup's 64 (frag_row(0, t), frag_row(2, t)):
+// whether each lies in the tile, its position, and (`weights`) its routing weight, loaded once: a
+// load placed between the epilogue's stores would wait for them (they may alias it as far as the
+// compiler knows).
+struct FragRows {
+  bool ok[2];
+  int64_t pos[2];
+  float weight[2];
+  __device__ __forceinline__ FragRows(const GemmParams& p, const WorkTile& w, int wg, int t,
+                                      bool weights) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 64 * wg + frag_row(2 * h, t);
+      ok[h] = r < w.rows;
+      pos[h] = w.row0 + r;
+      weight[h] = !weights ? 1.f : ok[h] ? p.topk_weights[p.sorted_slot[pos[h]]] : 0.f;
+    }
+  }
+};
+
+// kSwiGLUBwd's d_w partials: each row's sum over the 4 lanes that share it, in a fixed order,
+// then one partial per row and tile.
+__device__ __forceinline__ void store_dw_partials(const GemmParams& p, const WorkTile& w,
+                                                  const FragRows& rows, const float* dw, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float s = dw[h];
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if ((t & 3) == 0 && rows.ok[h]) p.dw_part[rows.pos[h] * p.n_tiles + w.n_tile] = s;
+  }
+}
+
 template <class T, Epi kEpi, int BN, class Acc>
 __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                              int wg, int t) {
@@ -56,25 +89,18 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
     }
   } else if constexpr (kEpi == Epi::kSwiGLUBwd) {
     // acc = g = dy_t @ Wd^T for columns f of F, h = [h_gate | h_up] (recomputed or saved by the
-    // forward, x's dtype); the element math is swiglu_bwd. A thread holds two rows (frag_row(0, t)
-    // and frag_row(2, t)): their routing weights are loaded once. h is read in batches of kBatch
-    // pairs, every load of a batch issued before its first store: the outputs may alias h as far as
-    // the compiler knows, so a load placed after a store waits for it, and pair by pair the
-    // epilogue would pay one memory latency per pair.
+    // forward, x's dtype); the element math is swiglu_bwd. h is read in batches of kBatch pairs,
+    // every load of a batch issued before its first store: the outputs may alias h as far as the
+    // compiler knows, so a load placed after a store waits for it, and pair by pair the epilogue
+    // would pay one memory latency per pair.
     const int F = p.N;
     const T* h = static_cast<const T*>(p.h);
     T* dh = static_cast<T*>(p.out);
     T* aw_out = static_cast<T*>(p.out2);
-    float wt[2];
-    int64_t pos[2];
-    bool row_ok[2];
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int r = row_base + frag_row(2 * rh, t);
-      row_ok[rh] = r < w.rows;
-      pos[rh] = w.row0 + r;
-      wt[rh] = row_ok[rh] ? p.topk_weights[p.sorted_slot[pos[rh]]] : 0.f;
-    }
+    const FragRows rows(p, w, wg, t, true);
+    const bool* row_ok = rows.ok;
+    const int64_t* pos = rows.pos;
+    const float* wt = rows.weight;
     float dw_rows[2] = {0.f, 0.f};
     constexpr int kBatch = 8;  // pairs per batch (32 registers of h)
     static_assert(kValues % (2 * kBatch) == 0, "whole batches");
@@ -108,25 +134,10 @@ __device__ __forceinline__ void run_epilogue(const GemmParams& p, const WorkTile
         store2(aw_out + pos[rh] * F + f, d0.aw, d1.aw);
       }
     }
-    // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      float s = dw_rows[rh];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      if ((t & 3) == 0 && row_ok[rh]) p.dw_part[pos[rh] * p.n_tiles + w.n_tile] = s;
-    }
+    store_dw_partials(p, w, rows, dw_rows, t);
   } else {
-    // kWeighted: the routing weights of the thread's two rows, loaded once (a load between the
-    // stores would wait for them: see kSwiGLUBwd).
-    float wt[2] = {1.f, 1.f};
-    if constexpr (kEpi == Epi::kWeighted) {
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const int r = row_base + frag_row(2 * rh, t);
-        wt[rh] = r < w.rows ? p.topk_weights[p.sorted_slot[w.row0 + r]] : 0.f;
-      }
-    }
+    const FragRows rows(p, w, wg, t, kEpi == Epi::kWeighted);  // weight 1 unweighted
+    const float* wt = rows.weight;
 #pragma unroll
     for (int i = 0; i < kValues; i += 2) {
       const int r = row_base + frag_row(i, t);

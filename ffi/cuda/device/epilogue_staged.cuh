@@ -1,14 +1,17 @@
-// The SwiGLU epilogues of the wgmma GEMMs (BF16 and FP8, x in bf16) through shared memory.
+// Epilogues of the wgmma GEMMs through shared memory, for x in bf16:
+//   glu_staged, swiglu_bwd_staged (BF16 and FP8 gate/up and dy·Wd^T), glu_quant_epilogue (the FP8
+//   gate/up's E4M3 a and h): in the tile's held ring stage;
+//   store_rows_tma (the BF16 kernel's plain row outputs): in the 8 KB staging buffers, by TMA.
 //
 // After a routed-M tile's mainloop the consumers keep the ring stage they read last instead of
 // handing it back at once (the producer meanwhile fills the other stages with the next tile), and
 // each consumer warpgroup uses 24 KB of it as three 64-row x 128-byte buffers (EpiBuffers). Per
 // pass of 64 columns, the accumulator fragments go into the buffers (and h comes in through them),
 // and rows leave (and arrive) as whole 16-byte chunks, 8 consecutive threads per 128-byte row.
-// run_epilogue's pair stores and loads touch 8 rows with 16 bytes each per warp instruction; with
-// three outputs and two inputs per pair that is what the backward's SwiGLU epilogue waits on,
-// longer than its tile's mainloop, with the tensor pipe idle. The element math and the rounding
-// are run_epilogue's (silu_mul, swiglu_bwd), so the outputs are bitwise equal to it.
+// Pair stores and loads straight from the fragments (run_epilogue) touch 8 rows with 16 bytes
+// each per warp instruction; with three outputs and two inputs per pair the backward's SwiGLU
+// epilogue then took longer than its tile's mainloop, with the tensor pipe idle. The element math
+// and the rounding are run_epilogue's (silu_mul, swiglu_bwd), so the outputs are bitwise equal.
 #pragma once
 
 #include "cuda/device/epilogue.cuh"
@@ -17,8 +20,8 @@
 namespace mok::cuda {
 
 // One consumer warpgroup's three buffers inside the held stage: shared-memory addresses of
-// 1024-byte aligned areas of 8 KB (32-bit shared addressing keeps the per-element address
-// arithmetic small; with generic pointers it was a third of the epilogue's instructions).
+// 1024-byte aligned areas of 8 KB (32-bit shared addresses: an element's address is one XOR and
+// one add from a per-thread base, where generic pointers need 64-bit arithmetic per access).
 struct EpiBuffers {
   uint32_t buf[3];
 };
@@ -147,16 +150,7 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
   const bf16* h = static_cast<const bf16*>(p.h);
   bf16* dh = static_cast<bf16*>(p.out);
   bf16* aw_out = static_cast<bf16*>(p.out2);
-  float wt[2];
-  int64_t pos[2];
-  bool row_ok[2];
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    const int r = row_base + frag_row(2 * rh, t);
-    row_ok[rh] = r < w.rows;
-    pos[rh] = w.row0 + r;
-    wt[rh] = row_ok[rh] ? p.topk_weights[p.sorted_slot[pos[rh]]] : 0.f;
-  }
+  const FragRows rows(p, w, wg, t, true);
   float dw_rows[2] = {0.f, 0.f};
   const FragOffsets fo(t, 2);
 #pragma unroll
@@ -175,11 +169,11 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
-      if (!row_ok[rh] || f0 + c >= F) continue;
+      if (!rows.ok[rh] || f0 + c >= F) continue;
       const uint32_t off = fo.at(rh, (i >> 2) & 7);
       const float2 hg = ld_shared_pair(eb.buf[0] + off), hu = ld_shared_pair(eb.buf[1] + off);
-      const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg.x, hu.x, wt[rh]);
-      const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg.y, hu.y, wt[rh]);
+      const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg.x, hu.x, rows.weight[rh]);
+      const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg.y, hu.y, rows.weight[rh]);
       dw_rows[rh] += acc(i) * d0.a;
       dw_rows[rh] += acc(i + 1) * d1.a;
       st_shared_pair(eb.buf[0] + off, d0.dgate, d1.dgate);
@@ -197,14 +191,7 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
     });
     warpgroup_sync(wg);
   }
-  // Fixed-order reduction over the 4 lanes that share a row, then one partial per tile.
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    float s = dw_rows[rh];
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    if ((t & 3) == 0 && row_ok[rh]) p.dw_part[pos[rh] * p.n_tiles + w.n_tile] = s;
-  }
+  store_dw_partials(p, w, rows, dw_rows, t);
 }
 
 // The BF16 wgmma kernel's plain row outputs (kWeighted, kStoreRows, kStoreCast) through the
@@ -221,14 +208,7 @@ __device__ __forceinline__ void store_rows_tma(const GemmParams& p, const WorkTi
   static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
                 "plain row stores only");
   const int row_base = 64 * wg;
-  float scale[2] = {1.f, 1.f};
-  if constexpr (kEpi == Epi::kWeighted) {  // the routing weight, loaded once per row
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_base + frag_row(2 * h, t);
-      scale[h] = r < w.rows ? p.topk_weights[p.sorted_slot[w.row0 + r]] : 0.f;
-    }
-  }
+  const FragRows rows(p, w, wg, t, kEpi == Epi::kWeighted);  // weight 1 unweighted
   const bool boxed = kEpi == Epi::kStoreCast || w.rows >= row_base + 64;
   const FragOffsets fo(t, 2);
 #pragma unroll
@@ -237,7 +217,7 @@ __device__ __forceinline__ void store_rows_tma(const GemmParams& p, const WorkTi
     warpgroup_sync(wg);
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
-      const float s = scale[(i >> 1) & 1];
+      const float s = rows.weight[(i >> 1) & 1];
       float v0 = acc(i), v1 = acc(i + 1);
       if constexpr (kEpi == Epi::kWeighted) v0 = s * v0, v1 = s * v1;
       st_shared_pair(buf + fo.at((i >> 1) & 1, (i >> 2) & 7), v0, v1);

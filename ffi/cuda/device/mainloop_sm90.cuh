@@ -242,14 +242,7 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
   // kStoreCast: dW_e [M, N] per expert; routed-M: rows are positions of the [P, N] output
   bf16* out = static_cast<bf16*>(p.out) +
               (kEpi == Epi::kStoreCast ? static_cast<int64_t>(w.expert) * p.M * p.ldo : 0);
-  float scale[2] = {1.f, 1.f};
-  if constexpr (kEpi == Epi::kWeighted) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_base + frag_row(2 * h, t);
-      scale[h] = r < w.rows ? p.topk_weights[p.sorted_slot[w.row0 + r]] : 0.f;
-    }
-  }
+  const FragRows rows(p, w, wg, t, kEpi == Epi::kWeighted);  // weight 1 unweighted
   const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
 #pragma unroll
   for (int pass = 0; pass < BN / 64; ++pass)
@@ -258,7 +251,7 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
         [&](int i) {
           float v0 = acc(i), v1 = acc(i + 1);
           if constexpr (kEpi == Epi::kWeighted) {
-            const float wt = scale[(i >> 1) & 1];
+            const float wt = rows.weight[(i >> 1) & 1];
             v0 = wt * v0, v1 = wt * v1;
           }
           return make_float2(v0, v1);
