@@ -16,7 +16,8 @@
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
 #   e2e      python -m benchmarks.e2e.run $E2E_ARGS, E2E_TIMEOUT (200 s)
-# The last lines are a summary: each step's exit code and its last result line.
+# The last lines are a summary: each step's exit code and its last result line; the step logs
+# end up in $OUT/logs.tgz (with summary.txt and machine.txt beside it).
 #   suite    the whole single-GPU suite in two processes on GPU 0 (each with 40 % of its memory):
 #            the FP8 tests (test_cuda_fp8*.py, test_fp8_weights.py) beside every other GPU-marked
 #            test that needs one GPU, SUITE_TIMEOUT (300 s) each
@@ -217,3 +218,5 @@ done
 
 step "summary"
 cat "$SUMMARY"
+# A call returns at most 8 files of $OUT: the step logs leave as one archive.
+(cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log)
