@@ -1,7 +1,8 @@
 // Epilogues of the wgmma GEMMs through shared memory, for x in bf16:
 //   glu_staged, swiglu_bwd_staged (BF16 and FP8 gate/up and dy·Wd^T), glu_quant_epilogue (the FP8
 //   gate/up's E4M3 a and h): in the tile's held ring stage;
-//   store_rows_tma (the BF16 kernel's plain row outputs): in the 8 KB staging buffers, by TMA.
+//   store_rows_staged (the plain row outputs): in the 8 KB staging buffers, by TMA (BF16) or by
+//   thread copies (FP8).
 //
 // After a routed-M tile's mainloop the consumers keep the ring stage they read last instead of
 // handing it back at once (the producer meanwhile fills the other stages with the next tile), and
@@ -194,27 +195,31 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
   store_dw_partials(p, w, rows, dw_rows, t);
 }
 
-// The BF16 wgmma kernel's plain row outputs (kWeighted, kStoreRows, kStoreCast) through the
-// warpgroup's 8 KB staging buffer `buf` (1024-byte aligned) by TMA: per 64-column pass the
-// fragments go into the buffer, one thread stores it as one box of p.tmap_out (which clips rows
-// and columns past the tensor) and the warpgroup goes on; the store drains while the next pass is
-// written and while the next tile's mainloop runs, where 16-byte stores by every thread held the
-// warpgroup in the epilogue until the last one issued. A routed-M warpgroup whose 64 rows run past
-// the expert's count (the next expert's positions follow, which a box would overwrite) copies its
-// valid rows by threads instead. Same rounding as run_epilogue (bitwise equal outputs).
-template <Epi kEpi, int BN, class Acc>
-__device__ __forceinline__ void store_rows_tma(const GemmParams& p, const WorkTile& w, Acc&& acc,
-                                               int wg, int t, uint32_t buf) {
+// The plain row outputs (kWeighted, kStoreRows, kStoreCast) through a warpgroup's 8 KB staging
+// buffer `buf`: per 64-column pass the fragments go into the buffer, then leave
+//   kBoxes (the BF16 kernel: `buf` 1024-byte aligned, p.tmap_out encoded): as one TMA box that
+//     clips rows and columns past the tensor; one thread issues it and the warpgroup goes on, the
+//     store draining while the next pass is written and the next tile's mainloop runs. A routed-M
+//     warpgroup whose 64 rows run past the expert's count (the next expert's positions follow,
+//     which a box would overwrite) copies by threads instead;
+//   else (the FP8 kernels): as 16-byte chunks copied by every thread, 8 per 128-byte row.
+// Same rounding as run_epilogue (bitwise equal outputs).
+template <Epi kEpi, int BN, bool kBoxes, class Acc>
+__device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
+                                                  int wg, int t, uint32_t buf) {
   static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
                 "plain row stores only");
   const int row_base = 64 * wg;
   const FragRows rows(p, w, wg, t, kEpi == Epi::kWeighted);  // weight 1 unweighted
-  const bool boxed = kEpi == Epi::kStoreCast || w.rows >= row_base + 64;
+  const bool boxed = kBoxes && (kEpi == Epi::kStoreCast || w.rows >= row_base + 64);
+  // kStoreCast: dW_e [M, N] per expert; routed-M: rows are positions of the [P, N] output
+  bf16* out = static_cast<bf16*>(p.out) +
+              (kEpi == Epi::kStoreCast ? static_cast<int64_t>(w.expert) * p.M * p.ldo : 0);
   const FragOffsets fo(t, 2);
 #pragma unroll
   for (int pass = 0; pass < BN / 64; ++pass) {
-    if (t == 0) bulk_wait<0, true>();  // the previous box has left the buffer
-    warpgroup_sync(wg);
+    if (kBoxes && t == 0) bulk_wait<0, true>();  // the previous box has left the buffer
+    warpgroup_sync(wg);  // every thread is done reading the buffer (thread copies, previous pass)
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const float s = rows.weight[(i >> 1) & 1];
@@ -233,13 +238,20 @@ __device__ __forceinline__ void store_rows_tma(const GemmParams& p, const WorkTi
       }
     } else {
       warpgroup_sync(wg);
-      bf16* out = static_cast<bf16*>(p.out);
       for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
         const int row = row_base + r, n = n0 + 8 * chunk;
         if (row < w.rows && n < p.N) copy16(out + (w.row0 + row) * p.ldo + n, buf + off);
       });
     }
   }
+}
+
+// The held stage's 48 KB as six 8 KB areas: A's 16 KB at `a`, B's first and second 16 KB at
+// `b_lo`, `b_hi` (one B tile in the BF16 kernel, its two halves in the FP8 kernel); consumer
+// warpgroup wg (0 or 1) takes three.
+__device__ __forceinline__ EpiBuffers held_buffers(uint32_t a, uint32_t b_lo, uint32_t b_hi,
+                                                   int wg) {
+  return wg == 0 ? EpiBuffers{{a, a + 8192, b_lo}} : EpiBuffers{{b_lo + 8192, b_hi, b_hi + 8192}};
 }
 
 // Hands the held stage back: each thread orders its generic-proxy writes of the buffers before

@@ -37,7 +37,7 @@
 
 #include "cuda/device/epilogue_staged.cuh"
 #include "cuda/device/fp8_format.cuh"
-#include "cuda/device/mainloop_sm90.cuh"  // producer_sync, store_rows_staged
+#include "cuda/device/mainloop_sm90.cuh"  // producer_sync, consumer_sync
 
 namespace mok::cuda::fp8 {
 
@@ -314,11 +314,8 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kHeld) {
       consumer_sync();  // both warpgroups' wgmmas are done reading the held stage
-      // 48 KB as six 8 KB areas (A, then B's two halves): three for each warpgroup.
-      const uint32_t sa = smem_u32(s.a[held]), sb0 = smem_u32(s.b[0][held]),
-                     sb1 = smem_u32(s.b[1][held]);
       const EpiBuffers eb =
-          wg == 0 ? EpiBuffers{{sa, sa + 8192, sb0}} : EpiBuffers{{sb0 + 8192, sb1, sb1 + 8192}};
+          held_buffers(smem_u32(s.a[held]), smem_u32(s.b[0][held]), smem_u32(s.b[1][held]), wg);
       if constexpr (kEpi == Epi8::kGluQuant)
         glu_quant_epilogue<R, T, true>(p, w, acc, wg, t, eb);
       else if constexpr (kEpi == Epi8::kSwiGLUBwd)
@@ -339,8 +336,8 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
                                       kBf16Epi == Epi::kStoreCast);
       if constexpr (kCanStage) {
         if (p.staged_out) {
-          store_rows_staged<kBf16Epi, kBN>(p.epi, w, value, wg, t,
-                                           s.out_stage + wg * (kOutStageBytes / 2));
+          store_rows_staged<kBf16Epi, kBN, false>(
+              p.epi, w, value, wg, t, smem_u32(s.out_stage) + wg * (kOutStageBytes / 2));
           continue;
         }
       }

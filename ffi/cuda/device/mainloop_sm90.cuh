@@ -197,68 +197,6 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
   }
 }
 
-// One 64 × 64 pass of a warpgroup's output through shared memory (`buf`: rows of 128 bytes,
-// 16-byte chunks XOR-swizzled by row: conflict-free for the fragment layout and for the
-// read-out). Each thread writes the pairs value(i) of its accumulator indices i in
-// [32 pass, 32 pass + 32) (the pass's 64 columns), then every thread stores whole 16-byte chunks,
-// 8 consecutive threads per 128-byte row: full, coalesced lines instead of 4-byte pair stores.
-// Warpgroup row `row` (row_base + 0..63, kept below `rows`) and column n (col0 + 0..63, kept
-// below `cols`, a multiple of 8: a chunk is wholly in or out) go to at(row, n). One
-// __floats2bfloat162_rn per pair, as store2.
-template <class Value, class At>
-__device__ __forceinline__ void staged_pass(char* buf, uint32_t barrier, int t, int pass,
-                                            int row_base, int rows, int col0, int cols,
-                                            Value&& value, At&& at) {
-#pragma unroll
-  for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
-    const int r = frag_row(i, t), c = frag_col(i, t) - 64 * pass;
-    const int offset = r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
-    const float2 v = value(i);
-    *reinterpret_cast<__nv_bfloat162*>(buf + offset) = __floats2bfloat162_rn(v.x, v.y);
-  }
-  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int idx = t + 128 * j, r = idx >> 3, chunk = idx & 7;
-    const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128 + ((chunk ^ (r & 7)) << 4));
-    const int row = row_base + r, n = col0 + chunk * 8;
-    if (row < rows && n < cols) *reinterpret_cast<uint4*>(at(row, n)) = v;
-  }
-  asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // buf is free again
-}
-
-// kStoreCast / kWeighted / kStoreRows through shared memory (where the plan finds the staging
-// area fits the device's opt-in limit, host/plan.h): the warpgroup's 64 × BN tile goes out in BN/64
-// staged passes. Same rounding as run_epilogue (kWeighted: the routing weight times the
-// accumulator, then one
-// __floats2bfloat162_rn per pair), so the output is bitwise equal. The routing weight is loaded
-// once per row (a thread holds two rows, frag_row(0, t) and (2, t)).
-template <Epi kEpi, int BN, class Acc>
-__device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
-                                                  int wg, int t, char* buf) {
-  static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
-                "plain row stores only");
-  const int row_base = 64 * wg;
-  // kStoreCast: dW_e [M, N] per expert; routed-M: rows are positions of the [P, N] output
-  bf16* out = static_cast<bf16*>(p.out) +
-              (kEpi == Epi::kStoreCast ? static_cast<int64_t>(w.expert) * p.M * p.ldo : 0);
-  const FragRows rows(p, w, wg, t, kEpi == Epi::kWeighted);  // weight 1 unweighted
-  const uint32_t barrier = 3 + wg;  // named barriers 3 and 4: one warpgroup each
-#pragma unroll
-  for (int pass = 0; pass < BN / 64; ++pass)
-    staged_pass(
-        buf, barrier, t, pass, row_base, w.rows, w.n_tile * BN + 64 * pass, p.N,
-        [&](int i) {
-          float v0 = acc(i), v1 = acc(i + 1);
-          if constexpr (kEpi == Epi::kWeighted) {
-            const float wt = rows.weight[(i >> 1) & 1];
-            v0 = wt * v0, v1 = wt * v1;
-          }
-          return make_float2(v0, v1);
-        },
-        [&](int row, int n) { return out + static_cast<int64_t>(w.row0 + row) * p.ldo + n; });
-}
-
 // The consumer role (warpgroups 1 and 2; thread t of 128 in warpgroup wg): per tile, wgmma over
 // the ring's stages as they fill, each stage handed back (`empty`) once the next one's wgmma is
 // issued; then the epilogue from the accumulators in registers (or through the staging area).
@@ -313,11 +251,9 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     if constexpr (kHeld) {
       static_assert(Cfg::kStageBytesA == 16384 && Cfg::kStageBytesB == 32768, "six 8 KB areas");
       consumer_sync();  // both warpgroups' wgmmas are done reading stage `prev`
-      // 48 KB as six 8 KB areas (A's 16 KB, then B's 32 KB): three for each warpgroup.
       const uint32_t sa = smem_u32(ring_a) + prev * Cfg::kStageBytesA;
       const uint32_t sb = smem_u32(ring_b) + prev * Cfg::kStageBytesB;
-      const EpiBuffers eb = wg == 1 ? EpiBuffers{{sa, sa + 8192, sb}}
-                                    : EpiBuffers{{sb + 8192, sb + 16384, sb + 24576}};
+      const EpiBuffers eb = held_buffers(sa, sb, sb + 16384, wg - 1);
       auto value = [&](int i) { return acc(i); };
       if constexpr (kEpi == Epi::kSwiGLUBwd)
         swiglu_bwd_staged<BN>(p, w, value, wg - 1, t, eb);
@@ -328,7 +264,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     }
     if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
     if constexpr (kStagedOut) {
-      store_rows_tma<kEpi, BN>(
+      store_rows_staged<kEpi, BN, true>(
           p, w, [&](int i) { return acc(i); }, wg - 1, t,
           smem_u32(out_stage) + (wg - 1) * (kOutStageBytes / 2));
     } else {
@@ -339,8 +275,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     bulk_wait<0, false>();  // the last boxes are written before the CTA ends
 }
 
-// The plain row outputs that may go out through the staging area (store_rows_tma; the FP8
-// kernels' store_rows_staged).
+// The plain row outputs that may go out through the staging area (store_rows_staged).
 template <Epi kEpi>
 constexpr bool kStagedEpilogue =
     kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows || kEpi == Epi::kStoreCast;

@@ -127,7 +127,7 @@ inline ffi::Error MakeWgradTensorMaps(GemmParams& p, const GemmNames& names) {
                      StrCat("(bfloat16 [", p.a_rows, ", ", p.N, "], row stride ", p.ldb, ")"), p.b);
 }
 
-// The staged row outputs' tensor map (store_rows_tma): routed-M `out` [a_rows][N], routed-K the
+// The staged row outputs' tensor map (store_rows_staged): routed-M `out` [a_rows][N], routed-K the
 // weight gradient [E][M][N], rows `ldo` elements apart; boxes of 64 columns x 64 rows.
 inline ffi::Error MakeOutputTensorMap(GemmParams& p, Mode mode, const GemmNames& names) {
   const bool wgrad = mode == Mode::kRoutedK;
