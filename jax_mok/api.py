@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +18,10 @@ from jax_mok.params import MoEParams, validate
 from jax_mok.quantization import cuda as fp8
 from jax_mok.quantization.weights import Fp8Weights, check_fp8_weights
 from jax_mok.tuning import Tuning, resolve
+from jax_mok.warn import warn_once
 
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 CUDA_MAX_EXPERTS = 4096
-_warned: set[str] = set()
 
 
 def kernel_limits(dtype, config: MoEConfig, backend: str) -> str | None:
@@ -55,10 +54,8 @@ def default_implementation(dtype=None, config: MoEConfig | None = None) -> str:
         reason = _ffi.cuda_device_limits() if backend in ("gpu", "cuda") else None
     if reason is None:
         return "ffi"
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"jax_mok.moe: using implementation='reference' because {reason} "
-                      "(pass implementation='reference' to silence this warning)", stacklevel=3)
+    warn_once(("api", reason), f"jax_mok.moe: using implementation='reference' because {reason} "
+              "(pass implementation='reference' to silence this warning)", stacklevel=3)
     return "reference"
 
 

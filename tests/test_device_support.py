@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import jax_mok
+import jax_mok.warn
 from jax_mok import __main__ as cli
 from jax_mok import api, testing
 from jax_mok.ep import pack, workspace
@@ -35,8 +36,7 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(_ffi, "kernels_built",
                             lambda p: True if p in ("gpu", "cuda") else real_built(p))
         monkeypatch.setattr(_ffi, "gpu_capability", lambda: capability)
-        monkeypatch.setattr(api, "_warned", set())
-        monkeypatch.setattr(kernels_fp8, "_warned", set())
+        monkeypatch.setattr(jax_mok.warn, "_warned", set())
 
     return fake
 

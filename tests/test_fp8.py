@@ -26,7 +26,7 @@ from test_quantization import (
 )
 
 import jax_mok
-import jax_mok.ep.layer
+import jax_mok.warn
 from jax_mok import quantization as qz
 from jax_mok import testing
 from jax_mok.quantization import cuda as kernels_fp8
@@ -320,7 +320,7 @@ def test_flax_modules_pass_the_config_through():
     assert jax.jit(module.apply)(variables, x).shape == x.shape
 
 
-def test_expert_parallel_xla_matches_single_device():
+def test_expert_parallel_xla_matches_single_device(monkeypatch):
     config = jax_mok.MoEConfig(num_experts=4, top_k=2, hidden_size=64, ffn_size=48,
                                quantization="mxfp8", capacity_factor=1.5,
                                fp8_weight_gradients="fp8")
@@ -341,7 +341,7 @@ def test_expert_parallel_xla_matches_single_device():
     # The default (None) runs "fp8" under expert parallelism, and says so once.
     default = dataclasses.replace(params, config=dataclasses.replace(config,
                                                                      fp8_weight_gradients=None))
-    jax_mok.ep.layer._warned.clear()
+    monkeypatch.setattr(jax_mok.warn, "_warned", set())  # a warning already given elsewhere
     with pytest.warns(UserWarning, match=r"fp8_weight_gradients=None\) runs 'fp8'"):
         got_default = jax.jit(jax.value_and_grad(
             lambda x, p: loss(x, p, mesh=mesh, transport="xla"), argnums=(0, 1)))(x, default)

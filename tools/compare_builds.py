@@ -6,7 +6,8 @@
 `run` computes, for a fixed list of problems (seeded inputs; partial row and column tiles, skipped
 and dropped slots, zero-token experts, S1-like and S2-like dimensions at small token counts), the
 BF16 layer's forward (inference and training) and every gradient with saved and recomputed
-activations, and both FP8 recipes' forward and gradients (saved and recomputed). `compare`
+activations, and both FP8 recipes' forward and gradients (saved and recomputed h, both
+weight-gradient modes: the FP8 and the BF16 weight-gradient kernels). `compare`
 exits 1 and names every output whose bytes differ, with its largest difference. Run `run` once
 per build (each its own process: one extension per process), then `compare`.
 """
@@ -90,12 +91,14 @@ def run(path: str, implementation: str = "cuda") -> None:
         for n, case in enumerate(FP8_CASES):
             args = problem(200 + n, *case)
             for save in saves:
-                fn = lambda x, ids, w, a, b, save=save, recipe=recipe: fp8.routed_experts_fp8(
-                    x, ids, w, a, b, recipe, implementation=implementation,
-                    save_activations=save)
-                for name, v in zip(("y", "dx", "dw", "dwgu", "dwd"), _vjp(fn)(*args),
-                                   strict=True):
-                    out[f"{recipe}/{case}/save={save}/{name}"] = np.asarray(v)
+                for wgrad in ("fp8", "unquantized"):
+                    fn = lambda x, ids, w, a, b, save=save, recipe=recipe, wgrad=wgrad: (
+                        fp8.routed_experts_fp8(x, ids, w, a, b, recipe,
+                                               implementation=implementation,
+                                               save_activations=save, weight_grads=wgrad))
+                    for name, v in zip(("y", "dx", "dw", "dwgu", "dwd"), _vjp(fn)(*args),
+                                       strict=True):
+                        out[f"{recipe}/{case}/save={save}/{wgrad}/{name}"] = np.asarray(v)
     np.savez(path, **{k: v.view(np.uint8) for k, v in out.items()},
              **{f"dtype::{k}": np.array(str(v.dtype)) for k, v in out.items()})
     print(f"{len(out)} outputs -> {path}")

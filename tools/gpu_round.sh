@@ -16,8 +16,6 @@
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
 #   e2e      python -m benchmarks.e2e.run $E2E_ARGS, E2E_TIMEOUT (200 s)
-# The last lines are a summary: each step's exit code and its last result line; the step logs
-# end up in $OUT/logs.tgz (with summary.txt and machine.txt beside it).
 #   suite    the whole single-GPU suite in two processes on GPU 0 (each with 40 % of its memory):
 #            the FP8 tests (test_cuda_fp8*.py, test_fp8_weights.py) beside every other GPU-marked
 #            test that needs one GPU, SUITE_TIMEOUT (300 s) each
@@ -28,9 +26,11 @@
 #            one forward of NCU_SHAPE (S2), NCU_TIMEOUT (150 s)
 #   ab       two builds bitwise (tools/compare_builds.py): AB_BASE's and AB_DEV's extensions
 #            (default .device/ext-base, .device/ext-dev), each in its own process
-#   profab   per-phase profiles of both builds, AB_SHAPES (S1,S2) x AB_QUANT (none,fp8_block), and
+#   profab   per-phase profiles of both builds, AB_SHAPES (S1,S2) x AB_QUANT ("none fp8_block"), and
 #            tools/kernel_timings.py compare of each pair
 # The steps after ab / profab run with the extension they left in place (AB_DEV's).
+# The last lines are a summary: each step's exit code and its last result line; the step logs
+# end up in $OUT/logs.tgz (with summary.txt and machine.txt beside it).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers; liger-kernel for B6).
 # A prebuilt extension: $EXT_DIR/_mok_c*.so (default .device/ext; built on the CPU machine for
 # Python 3.12 / jax 0.11.2, carried with carry=[".device/ext"]) is used instead of building here
@@ -90,6 +90,7 @@ run() {  # run NAME TIMEOUT CMD...: the command's output to $OUT/NAME.log, a sum
 }
 
 PYTEST="python3 -m pytest -q -p no:cacheprovider -rfE"
+AB_BASE=${AB_BASE:-.device/ext-base} AB_DEV=${AB_DEV:-.device/ext-dev}  # ab, profab
 for s in ${STEPS//,/ }; do
   case "$s" in
     fp8)
@@ -187,30 +188,28 @@ for s in ${STEPS//,/ }; do
         ${E2E_ARGS:-}
       ;;
     ab)
-      for ext in "${AB_DEV:-.device/ext-dev}" "${AB_BASE:-.device/ext-base}"; do
+      for ext in "$AB_DEV" "$AB_BASE"; do
         cp "$ext"/_mok_c*.so jax_mok/
         XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 run "ab_$(basename "$ext")" ${AB_TIMEOUT:-150} \
           python3 tools/compare_builds.py run "/tmp/ab_$(basename "$ext").npz"
       done
       TAIL=10 run ab_compare 30 python3 tools/compare_builds.py compare \
-        "/tmp/ab_$(basename "${AB_BASE:-.device/ext-base}").npz" \
-        "/tmp/ab_$(basename "${AB_DEV:-.device/ext-dev}").npz"
-      cp "${AB_DEV:-.device/ext-dev}"/_mok_c*.so jax_mok/
+        "/tmp/ab_$(basename "$AB_BASE").npz" "/tmp/ab_$(basename "$AB_DEV").npz"
+      cp "$AB_DEV"/_mok_c*.so jax_mok/
       ;;
     profab)
       for q in ${AB_QUANT:-none fp8_block}; do
-        for ext in "${AB_BASE:-.device/ext-base}" "${AB_DEV:-.device/ext-dev}"; do
+        for ext in "$AB_BASE" "$AB_DEV"; do
           cp "$ext"/_mok_c*.so jax_mok/
           JAX_MOK_CUDA_PROFILE=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 TAIL=0 \
             run "prof_$(basename "$ext")_$q" ${PROFILE_TIMEOUT:-120} python3 \
             tools/kernel_timings.py profile --shapes ${AB_SHAPES:-S1,S2} --quantization $q
         done
         python3 tools/kernel_timings.py compare \
-          "$OUT/prof_$(basename "${AB_BASE:-.device/ext-base}")_$q.log" \
-          "$OUT/prof_$(basename "${AB_DEV:-.device/ext-dev}")_$q.log" \
+          "$OUT/prof_$(basename "$AB_BASE")_$q.log" "$OUT/prof_$(basename "$AB_DEV")_$q.log" \
           | tee "$OUT/profab_$q.txt" | grep -E "GEMM|gather|quantize|total"
       done
-      cp "${AB_DEV:-.device/ext-dev}"/_mok_c*.so jax_mok/
+      cp "$AB_DEV"/_mok_c*.so jax_mok/
       ;;
     *) note "unknown step $s" ;;
   esac

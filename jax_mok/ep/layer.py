@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +43,7 @@ from jax_mok.quantization import cast_weight
 from jax_mok.quantization import cuda as fp8
 from jax_mok.routing import Routing, aux_losses, count_per_expert, route
 from jax_mok.tuning import Tuning, resolve
+from jax_mok.warn import warn_once
 
 if hasattr(jax, "shard_map"):  # jax >= 0.7: jax.shard_map(check_vma=..., axis_names=...)
     def shard_map(f, mesh, in_specs, out_specs):
@@ -76,15 +76,6 @@ def no_tokens(x: jax.Array, config, return_aux: bool):
                "dropped_tokens": jnp.zeros((), jnp.int32)}
 
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, stacklevel=4)
-
-
 def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_global: int,
                dtype, implementation: str, tuning: Tuning) -> Transport | None:
     """The transport object of a call (None when data parallel: nothing travels); the peer
@@ -92,20 +83,22 @@ def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_g
     save = config.save_activations
     if ep_plan.expert_axis is None:
         return None
-    if config.quantization is not None and config.fp8_weight_gradients == "unquantized":
+    weight_grads = config.weight_gradient_mode(expert_parallel=True)
+    if config.quantization is not None and weight_grads == "unquantized":
         # Rows reach the experts as deq(Q(x)) (the XLA transport quantizes what travels), so
         # "unquantized" weight gradients would not be the single-device layer's.
         raise NotImplementedError(
             "jax_mok: fp8_weight_gradients='unquantized' has no expert-parallel path yet (the "
             "token rows travel quantized); use 'fp8' (or None) with an expert axis")
     if config.quantization is not None and config.fp8_weight_gradients is None:
-        _warn_once("jax_mok: MoEConfig(fp8_weight_gradients=None) runs 'fp8' weight gradients "
+        message = ("jax_mok: MoEConfig(fp8_weight_gradients=None) runs 'fp8' weight gradients "
                    "under expert parallelism (the token rows travel quantized, so 'unquantized' "
                    "has no path here) and 'unquantized' on one device or data parallel; set "
                    "fp8_weight_gradients='fp8' to get the same gradients on every mesh")
+        warn_once(message, message, stacklevel=3)
     if ep_plan.transport != "peer":
         return XlaTransport(ep_plan.expert_axis, implementation, save, tuning,
-                            config.quantization)
+                            config.quantization, weight_grads)
     spec = workspace.WorkspaceSpec.for_call(config, tokens_local, tokens_global,
                                             ep_plan.ep_size, dtype)
     ws = workspace.workspace_for(ep_plan.mesh, ep_plan.expert_axis, spec, config,

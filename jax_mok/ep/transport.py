@@ -37,18 +37,19 @@ class Transport(Protocol):
 def experts_on_rows(recv_x: jax.Array, recv_ids: jax.Array, recv_w: jax.Array,
                     w_gate_up: jax.Array, w_down: jax.Array, implementation: str,
                     save_activations: bool | None, tuning: Tuning,
-                    quantization: str | None = None) -> jax.Array:
+                    quantization: str | None = None, weight_grads: str = "fp8") -> jax.Array:
     """This device's experts on the rows it received, ``[EP, R, H]`` (ids, weights
     ``[EP, R, k]``; local expert ids, -1 skipped) → ``[EP, R, H]``: each row's local experts
     summed; padding rows (every id -1) give zeros. With ``quantization`` the FP8 layer
-    (:mod:`jax_mok.quantization.cuda`; its weight-gradient token blocks follow the received rows'
-    order), in ``recv_x``'s dtype: float32 for rows that travelled quantized."""
+    (:mod:`jax_mok.quantization.cuda`, ``weight_grads`` its weight-gradient mode; its token
+    blocks follow the received rows' order), in ``recv_x``'s dtype: float32 for rows that
+    travelled quantized."""
     ep, rows, H = recv_x.shape
     args = (recv_x.reshape(ep * rows, H), recv_ids.reshape(ep * rows, -1),
             recv_w.reshape(ep * rows, -1), w_gate_up, w_down)
     if quantization is not None:
         out = fp8.routed_experts_fp8(*args, quantization, implementation=implementation,
-                                     save_activations=save_activations)
+                                     save_activations=save_activations, weight_grads=weight_grads)
     else:
         out = autodiff.routed_experts(*args, implementation=implementation,
                                       save_activations=save_activations, tuning=tuning)
@@ -64,6 +65,8 @@ class XlaTransport:
       implementation, save_activations: of the local kernels (:func:`autodiff.routed_experts`).
       tuning: the call's resolved :class:`jax_mok.Tuning`.
       quantization: the FP8 recipe of the experts, or None (MoEConfig.quantization).
+      weight_grads: the FP8 layer's weight-gradient mode ("fp8": the rows travel quantized, see
+        MoEConfig.weight_gradient_mode).
     """
 
     axis: str
@@ -71,6 +74,7 @@ class XlaTransport:
     save_activations: bool | None
     tuning: Tuning
     quantization: str | None = None
+    weight_grads: str = "fp8"
 
     def experts(self, packed: Packed, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
         recipe = self.quantization
@@ -81,7 +85,7 @@ class XlaTransport:
         routing = [jax.lax.all_to_all(a, self.axis, 0, 0, tiled=True)  # [EP, R, k]
                    for a in (packed.ids, packed.weights)]
         out = experts_on_rows(recv_x, *routing, w_gate_up, w_down, self.implementation,
-                              self.save_activations, self.tuning, recipe)
+                              self.save_activations, self.tuning, recipe, self.weight_grads)
         if recipe is None:
             back = jax.lax.all_to_all(out, self.axis, 0, 0, tiled=True)
         else:  # out float32 -> home in x's dtype; its cotangent dy travels quantized

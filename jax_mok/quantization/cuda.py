@@ -23,7 +23,6 @@ its gate/up GEMM; without it the backward recomputes h (the same bits).
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 
@@ -31,8 +30,7 @@ from jax_mok.kernels import _ffi, targets
 from jax_mok.kernels.autodiff import check_implementation, resolve_save_activations
 from jax_mok.quantization import layer
 from jax_mok.quantization.blocks import QuantizedWeight
-
-_warned: set[str] = set()
+from jax_mok.warn import warn_once
 
 
 def _forward_weights(w_gate_up, w_down, recipe: str):
@@ -178,10 +176,8 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
                                                         weight_grads)
             return routed_experts_fp8_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down,
                                            recipe, save, weight_grads)
-        if reason not in _warned:
-            _warned.add(reason)
-            warnings.warn(f"jax_mok: quantization={recipe!r} runs the pure-JAX FP8 layer because "
-                          f"{reason}", stacklevel=3)
+        warn_once(("fp8", reason), f"jax_mok: quantization={recipe!r} runs the pure-JAX FP8 "
+                  f"layer because {reason}", stacklevel=3)
     return layer.routed_experts_fp8(x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe,
                                     prepared=prepared, weight_grads=weight_grads)
 
