@@ -22,7 +22,9 @@ its pure-JAX definition, and the table says which of the two ran.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import re
 import statistics
 import sys
 import time
@@ -39,9 +41,29 @@ UNIQUE = 8
 QUANTIZATIONS = ("none", "fp8_block", "mxfp8")
 
 
+def shape(name: str) -> testing.Shape:
+    """A protocol shape, or one with some dimensions replaced: ``S1-H4096-F384`` is S1 with
+    hidden 4096 and ffn 384 (letters T tokens, H hidden, F ffn, E experts, k top-k). Varying
+    one GEMM's K at a fixed tile count separates its per-tile cost (epilogue, tile switch) from
+    its per-stage cost (a linear fit over the variants' per-phase times)."""
+    base, *parts = name.split("-")
+    if base not in testing.SHAPES:
+        raise ValueError(f"unknown shape {base!r} in {name!r}; expected one of "
+                         f"{sorted(testing.SHAPES)}")
+    fields = {"T": "tokens", "H": "hidden", "F": "ffn", "E": "experts", "k": "top_k"}
+    changes = {}
+    for part in parts:
+        m = re.fullmatch(r"([THFEk])(\d+)", part)
+        if not m:
+            raise ValueError(f"shape {name!r}: {part!r} is not one of T<n>, H<n>, F<n>, E<n>, "
+                             "k<n>")
+        changes[fields[m.group(1)]] = int(m.group(2))
+    return dataclasses.replace(testing.SHAPES[base], name=name, **changes)
+
+
 def inputs(name: str):
     """``(x, topk_ids, topk_weights, w_gate_up, w_down, dy)`` of shape ``name``."""
-    s = testing.SHAPES[name]
+    s = shape(name)
     T, H, F, E, k = s.tokens, s.hidden, s.ffn, s.experts, s.top_k
     ks = jax.random.split(jax.random.key(1), 5)
     u = min(E, UNIQUE)
@@ -98,7 +120,7 @@ def timings(shapes: list[str]) -> None:
     rows = []
     for name in shapes:
         x, ids, w, wgu, wd, dy = inputs(name)
-        s = testing.SHAPES[name]
+        s = shape(name)
         flops = s.forward_flops()
         tf = median_s(forward(ids), x, w, wgu, wd, n=10)
         tb = {}
@@ -221,7 +243,7 @@ def timings_fp8(shapes: list[str], recipes: list[str], runs=FP8_RUNS) -> None:
     rows = []
     for name in shapes:
         x, ids, w, wgu, wd, dy = inputs(name)
-        flops = testing.SHAPES[name].forward_flops()
+        flops = shape(name).forward_flops()
         for recipe in recipes:
             path = fp8_path(ids, recipe, x, w, wgu, wd)
             t = _fp8_times(recipe, name, x, ids, w, wgu, wd, dy, runs)
@@ -250,7 +272,7 @@ def compile_times(shapes: list[str], quantizations: list[str]) -> None:
     print("| shape | layer | fwd compile s | fwd+bwd compile s | fwd+bwd vs bf16 |")
     print("|---|---|---|---|---|")
     for name in shapes:
-        sh = testing.SHAPES[name]
+        sh = shape(name)
         T, H, F, E, k = sh.tokens, sh.hidden, sh.ffn, sh.experts, sh.top_k
         ids = jnp.tile(jnp.arange(k, dtype=jnp.int32), (T, 1)) % E
         args = (jax.ShapeDtypeStruct((T, H), jnp.bfloat16),
@@ -313,7 +335,7 @@ def profile(shapes: list[str], quantization: str = "none") -> None:
         x, ids, w, wgu, wd, dy = inputs(name)
         fb = forward_backward(ids, dy, quantization=quantization)
         jax.block_until_ready(fb(x, w, wgu, wd))  # compile + first call
-        s = testing.SHAPES[name]
+        s = shape(name)
         label = name if quantization == "none" else f"{name}:{quantization}"
         path = "" if quantization == "none" else f" [{fp8_path(ids, quantization, x, w, wgu, wd)}]"
         print(
@@ -404,9 +426,11 @@ def main() -> None:
         compare(*args.files)
         return
     shapes = args.shapes.split(",")
-    unknown = [s for s in shapes if s not in testing.SHAPES]
-    if unknown:
-        ap.error(f"--shapes: unknown {unknown}; expected names from {sorted(testing.SHAPES)}")
+    for name in shapes:
+        try:
+            shape(name)
+        except ValueError as e:
+            ap.error(f"--shapes: {e}")
     if args.what == "compile":
         compile_times(shapes, quantizations)
     elif args.what == "quantizers":
