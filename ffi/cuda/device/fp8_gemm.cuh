@@ -274,16 +274,25 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int j = 0; j < kSteps; ++j) {
-          if (R == Recipe::kMx || j == 0) mma.accumulate_ = GMMA::ScaleOut::Zero;
-          warpgroup_fence_operand(part);
-          warpgroup_arrive();
+          // One promotion group (fp8_block: the half's four k32 steps; mxfp8: one) is one
+          // wgmma batch: a single fence before its first wgmma and a single commit after its
+          // last. A fence or commit between two wgmmas of a batch makes each wait for the
+          // previous one's accumulator (SASS: an ARRIVE and a scoreboard per QGMMA), so the
+          // steps run one latency apart instead of back to back in the tensor pipe.
+          const bool first = R == Recipe::kMx || j == 0;
+          const bool last = R == Recipe::kMx || j == kSteps - 1;
+          if (first) {
+            mma.accumulate_ = GMMA::ScaleOut::Zero;
+            warpgroup_fence_operand(part);
+            warpgroup_arrive();
+          }
           if (h == 0)
             gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
           else
             gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
           mma.accumulate_ = GMMA::ScaleOut::One;
-          warpgroup_commit_batch();
-          if (R == Recipe::kMx || j == kSteps - 1) {
+          if (last) warpgroup_commit_batch();
+          if (last) {
             warpgroup_wait<0>();
             warpgroup_fence_operand(part);
             const int js = R == Recipe::kMx ? j : 0;
