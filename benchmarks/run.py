@@ -267,30 +267,10 @@ class Orchestrator:
                 return proc.wait(), open_start["key"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args._worker:
-        from benchmarks import worker
-
-        return worker.main(args._worker)
-    stamp = datetime.datetime.now(datetime.UTC)
-    out_dir = args.out or os.path.join(REPO_ROOT, "bench-out",
-                                       "run-" + stamp.strftime("%Y%m%d-%H%M%S"))
-    orch = Orchestrator(args, out_dir)
-    print(f"benchmarks -> {out_dir}  (shapes {','.join(args.shapes)}; routing "
-          f"{','.join(args.routing)}; passes {','.join(args.passes)}; impls "
-          f"{','.join(args.impls)}; {args.iters} iters, {args.warmup} warm-ups, {args.sets} "
-          f"sets; budget {args.budget_s:.0f} s)", flush=True)
-    if "B6" in args.impls:
-        from benchmarks import peers_liger
-
-        site = peers_liger.ensure_importable(REPO_ROOT, LIGER_SITE)
-        if site is not None:
-            print(f"B6: liger_kernel installed from .whl/ into {site}", flush=True)
-            orch.env["PYTHONPATH"] = os.pathsep.join([site, orch.env["PYTHONPATH"]])
-    records: list[dict] = []
-    for i, shape in enumerate(args.shapes):
-        records += orch.shape(shape, shapes_left=len(args.shapes) - i)
+def _result(args: argparse.Namespace, argv: list[str] | None, orch: Orchestrator,
+            stamp: datetime.datetime, records: list[dict]) -> dict:
+    """results.json's content: the run's metadata, the ceilings and ``records`` (each stamped
+    with where and with what it ran, so that records stand alone)."""
     protocol = (not args.quick and args.scale_tokens == 1.0 and args.scale_model == 1.0
                 and args.iters >= 20 and args.warmup >= 3 and args.sets >= 2)
     result = {
@@ -318,9 +298,45 @@ def main(argv: list[str] | None = None) -> int:
     }
     for record in records:
         record.update(stamp_fields)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args._worker:
+        from benchmarks import worker
+
+        return worker.main(args._worker)
+    stamp = datetime.datetime.now(datetime.UTC)
+    out_dir = args.out or os.path.join(REPO_ROOT, "bench-out",
+                                       "run-" + stamp.strftime("%Y%m%d-%H%M%S"))
+    orch = Orchestrator(args, out_dir)
+    print(f"benchmarks -> {out_dir}  (shapes {','.join(args.shapes)}; routing "
+          f"{','.join(args.routing)}; passes {','.join(args.passes)}; impls "
+          f"{','.join(args.impls)}; {args.iters} iters, {args.warmup} warm-ups, {args.sets} "
+          f"sets; budget {args.budget_s:.0f} s)", flush=True)
+    if "B6" in args.impls:
+        from benchmarks import peers_liger
+
+        site = peers_liger.ensure_importable(REPO_ROOT, LIGER_SITE)
+        if site is not None:
+            print(f"B6: liger_kernel installed from .whl/ into {site}", flush=True)
+            orch.env["PYTHONPATH"] = os.pathsep.join([site, orch.env["PYTHONPATH"]])
+    records: list[dict] = []
+    for i, shape in enumerate(args.shapes):
+        records += orch.shape(shape, shapes_left=len(args.shapes) - i)
+        if i + 1 < len(args.shapes):
+            # what is measured so far survives an outer kill (a device call's time limit)
+            partial = _result(args, argv, orch, stamp, records)
+            with open(os.path.join(out_dir, "results.partial.json"), "w") as f:
+                json.dump(partial, f, indent=1)
+    result = _result(args, argv, orch, stamp, records)
     from benchmarks import report
 
     paths = report.write(out_dir, result)
+    partial_path = os.path.join(out_dir, "results.partial.json")
+    if os.path.exists(partial_path):
+        os.remove(partial_path)  # results.json holds all of it
     print()
     with open(paths["md"]) as f:
         print(f.read())

@@ -121,6 +121,9 @@ def test_implementation_table_and_items():
     assert "S1/balanced/fwdbwd/jax_mok-mxfp8-pq" not in keys
     assert "S1/balanced/fwd/jax_mok-mxfp8-pq" in keys
     assert [i["impl"] for i in items[-2:]] == ["B1", "B1"]  # B1 after everything else
+    fwd = [i["impl"] for i in items if i["pass"] == "fwd"]
+    # every jax_mok row before B6, whose first call may search for minutes
+    assert max(fwd.index(i) for i in fwd if i.startswith("jax_mok")) < fwd.index("B6")
     bounds = impls.tolerances("jax_mok-mxfp8")
     assert bounds["y"] == impls.FP8_TOLERANCE > impls.FP8_ACCURACY_TARGET
     assert impls.tolerances("jax_mok") is None

@@ -48,3 +48,29 @@ def test_quick_cpu_run_writes_checked_results(tmp_path):
 
     table = (out / "results.md").read_text()
     assert "| S6 | balanced | fwdbwd |" in table and "vs B2" in table
+
+
+def test_each_finished_shape_is_on_disk_before_the_next_runs(tmp_path, monkeypatch):
+    """An outer kill (a device call's time limit) after some shapes leaves their records in
+    results.partial.json; a finished run leaves results.json only."""
+    from benchmarks import report, run
+
+    seen_on_disk = []
+
+    def fake_shape(self, shape, shapes_left=1):
+        partial = tmp_path / "results.partial.json"
+        seen_on_disk.append(json.loads(partial.read_text())["records"] if partial.exists()
+                            else None)
+        return [{"key": f"{shape}/balanced/fwd/jax_mok", "shape": shape, "impl": "jax_mok",
+                 "pass": "fwd", "status": "skipped", "reason": "test"}]
+
+    monkeypatch.setattr(run.Orchestrator, "shape", fake_shape)
+    md = tmp_path / "results.md"
+    md.write_text("")
+    monkeypatch.setattr(report, "write", lambda out_dir, result: {"md": str(md)})
+    assert run.main(["--quick", "--shapes", "S6,S1,S2", "--impls", "jax_mok", "--no-ceilings",
+                     "--out", str(tmp_path)]) in (0, None)
+    assert seen_on_disk[0] is None
+    assert [r["shape"] for r in seen_on_disk[1]] == ["S6"]
+    assert [r["shape"] for r in seen_on_disk[2]] == ["S6", "S1"]
+    assert not (tmp_path / "results.partial.json").exists()
