@@ -32,8 +32,8 @@ def shape_items(shape: str, routings: list[str], passes: list[str],
     """The items of one shape in run order.
 
     Routing-major, then pass, then implementation (``impls.RUN_ORDER``: torch first in each
-    group, while JAX's pool is still small; B6, which may search for minutes, after ours), with B1 (slow, often out of memory, and then
-    holding a large JAX pool) after everything else. So a short ``--budget-s`` still yields
+    group, while JAX's pool is still small; B6, which may search for minutes, after ours), with
+    B1 (slow, often out of memory, and then holding a large JAX pool) after everything else. So a short ``--budget-s`` still yields
     jax_mok next to its peers on the first (routing, pass) groups instead of one
     implementation's every item. An implementation without a pass (the forward-only ``-pq``
     rows) has no item for it.
