@@ -35,8 +35,8 @@ def shape_items(shape: str, routings: list[str], passes: list[str],
     group, while JAX's pool is still small; B6, which may search for minutes, after ours), with
     B1 (slow, often out of memory, and then holding a large JAX pool) after everything else.
     So a short ``--budget-s`` still yields jax_mok next to its peers on the first (routing,
-    pass) groups instead of one implementation's every item. An implementation without a pass (the forward-only ``-pq``
-    rows) has no item for it.
+    pass) groups instead of one implementation's every item. An implementation without a pass
+    (the forward-only ``-pq`` rows) has no item for it.
     """
     ordered = [i for i in RUN_ORDER if i in impls]
     first = [i for i in ordered if i != "B1"]
