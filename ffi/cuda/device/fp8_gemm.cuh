@@ -291,8 +291,8 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
           else
             gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
           mma.accumulate_ = GMMA::ScaleOut::One;
-          if (last) warpgroup_commit_batch();
           if (last) {
+            warpgroup_commit_batch();
             warpgroup_wait<0>();
             warpgroup_fence_operand(part);
             const int js = R == Recipe::kMx ? j : 0;
