@@ -169,7 +169,7 @@ def prepare_fp8_weights(model: MoETransformer):
     the model's current parameters: ``jax_mok.fp8_weights`` of each layer's
     :class:`jax_mok.MoEParams`. Called once per optimizer step, before the gradient (so it is
     not differentiated; the layer's custom VJP gives the master weights their gradient), and
-    shared by every micro-batch of the step (today one)."""
+    shared by every micro-batch of the step (`--micro-batches`)."""
     if (reason := unavailable_reason("jax_mok_fp8_block_prepared")) is not None:
         raise NotImplementedError(f"jax_mok_fp8_block_prepared: {reason}")
     # The layer quantizes its weights in its compute dtype (bf16 here; the masters are f32).
@@ -288,3 +288,30 @@ def loss_fn(model: MoETransformer, tokens: jax.Array, aux_weight: float, fp8_wei
     loss = ce + aux_weight * aux["load_balancing_loss"].sum()
     return loss, {"ce": ce, "expert_counts": aux["expert_counts"],
                   "dropped": aux["dropped_tokens"]}
+
+
+def accumulated_value_and_grad(model: MoETransformer, tokens: jax.Array, aux_weight: float,
+                               fp8_weights=None):
+    """Gradient accumulation over micro-batches: ``tokens [M, B, S + 1]`` run one after the
+    other by a ``lax.scan`` (one micro-batch's activations live at a time), sharing
+    ``fp8_weights``. Returns ``(loss, grads, dropped)``: the mean of the M losses, the mean of
+    their gradients (an ``nnx.State`` of the model's Params, as ``nnx.value_and_grad`` gives)
+    and the dropped assignments summed over every layer and micro-batch."""
+    model_def, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss_of(params, toks):
+        return loss_fn(nnx.merge(model_def, params, rest), toks, aux_weight, fp8_weights)
+
+    value_and_grad = jax.value_and_grad(loss_of, has_aux=True)
+
+    def body(carry, toks):
+        grads, loss, dropped = carry
+        (value, metrics), g = value_and_grad(params, toks)
+        return (jax.tree.map(jnp.add, grads, g), loss + value.astype(jnp.float32),
+                dropped + metrics["dropped"].sum().astype(jnp.int32)), None
+
+    zero = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
+            jnp.zeros((), jnp.int32))
+    (grads, loss, dropped), _ = jax.lax.scan(body, zero, tokens)
+    micro = tokens.shape[0]
+    return loss / micro, jax.tree.map(lambda g: g / micro, grads), dropped

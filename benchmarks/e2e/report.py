@@ -14,7 +14,7 @@ def write_json(result: dict, out: pathlib.Path) -> pathlib.Path:
 
 def _row(name: str, run: dict, baseline: dict | None) -> str:
     if run.get("status") != "ok":
-        return f"| {name} | {run.get('batch', '')} | - | - | - | - | - | - | " \
+        return f"| {name} | {_batch(run)} | - | - | - | - | - | - | " \
                f"{run.get('status')}: {run.get('error', '')[:120]} |"
     # FP8 rows: their tokens/s over jax_mok's (BF16); BF16 alternatives: jax_mok's speed-up.
     ratio = speedup = ""
@@ -42,9 +42,16 @@ def _row(name: str, run: dict, baseline: dict | None) -> str:
     if run.get("breakdown", {}).get("moe_ms") is not None:
         b = run["breakdown"]
         notes.append(f"MoE {b['moe_ms']:.1f} ms / rest {b['rest_ms']:.1f} ms ({b['method']})")
-    return (f"| {name} | {run['batch']} | {run['step_ms_median']:.1f} | "
+    return (f"| {name} | {_batch(run)} | {run['step_ms_median']:.1f} | "
             f"{run['tokens_per_s']:,.0f} | {100 * run['mfu']:.1f} % | {ratio} | {speedup} | "
             f"{loss} | {'; '.join(notes)} |")
+
+
+def _batch(run: dict) -> str:
+    """Sequences per device per micro-batch, and the micro-batches of a step where several."""
+    micro = run.get("micro_batches", 1)
+    batch = run.get("batch", "")
+    return f"{batch} × {micro} micro-batches" if micro > 1 else f"{batch}"
 
 
 def markdown(result: dict) -> str:

@@ -5,6 +5,8 @@
     python -m benchmarks.e2e.run --variants jax_mok,jax_mok_fp8_block,jax_mok_mxfp8  # BF16 vs FP8
     python -m benchmarks.e2e.run --expert-parallel            # experts over every local device
     python -m benchmarks.e2e.run --tiny --steps 2             # CPU smoke run (seq 32)
+    python -m benchmarks.e2e.run --batch 16 --micro-batches 4 \
+        --variants jax_mok,jax_mok_fp8_block,jax_mok_fp8_block_prepared  # gradient accumulation
     python -m benchmarks.e2e.run --layers 4 --batch 32 --batch-policy shared --own-best \
         --breakdown                     # issue 22's table (benchmarks/README.md: the command)
 
@@ -13,7 +15,8 @@ Variants (benchmarks/e2e/model.py, VARIANT_TEXT): ``jax_mok`` (jax_mok.moe, BF16
 ``MoEConfig(quantization="fp8_block" / "mxfp8")``, nothing else changed),
 ``jax_mok_fp8_block_prepared`` (fp8_block with the expert weights quantized once per optimizer
 step by ``jax_mok.fp8_weights``, inside the step from its current parameters and before the
-gradient, so every micro-batch of the step (one today) shares them; skipped, with the reason
+gradient, so every micro-batch of the step (``--micro-batches``, summed by a ``lax.scan``)
+shares them; skipped, with the reason
 logged and recorded, where jax_mok has no ``fp8_weights``), ``reference`` (pure XLA:
 ``lax.ragged_dot``) and ``padded`` (batched einsum at a measured capacity, B2).
 
@@ -75,7 +78,12 @@ def parse_args(argv):
                         "at most 8 (2 on a CPU)")
     p.add_argument("--seq", type=int, default=None,
                    help=f"sequence length (default 4096; {TINY_SEQ} with --tiny)")
-    p.add_argument("--batch", type=int, default=8, help="sequences per step per device")
+    p.add_argument("--batch", type=int, default=8,
+                   help="sequences per micro-batch per device (--micro-batches per step)")
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="micro-batches per optimizer step: their gradients are summed over a "
+                        "lax.scan and averaged before one update; the prepared FP8 variant "
+                        "quantizes its expert weights once per step for all of them")
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
@@ -124,6 +132,8 @@ def parse_args(argv):
                         f"{TINY_SEQ})")
     p.add_argument("--out", default="e2e-out", help="output directory")
     args = p.parse_args(argv)
+    if args.micro_batches < 1:
+        p.error(f"--micro-batches must be >= 1, got {args.micro_batches}")
     if args.own_best and args.batch_policy != "shared":
         p.error("--own-best needs --batch-policy shared")
     if args.seq is None:
@@ -180,8 +190,10 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
 
     base_cfg, cfg = cfg, m.variant_config(variant, cfg)
     prepared = variant in m.PREPARED
+    micro = args.micro_batches
     record = {"variant": variant, "text": m.VARIANT_TEXT[variant], "batch": batch,
-              "quantization": cfg.quantization, "fp8_weights_per_step": prepared}
+              "micro_batches": micro, "quantization": cfg.quantization,
+              "fp8_weights_per_step": prepared}
     if variant == "jax_mok" or cfg.quantization is not None:
         from jax_mok import api
 
@@ -202,7 +214,9 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     del model, opt
     global_batch = batch * n_devices
     rng = np.random.default_rng(0)
-    batches = [rng.integers(0, cfg.vocab, (global_batch, cfg.seq + 1), dtype=np.int32)
+    # [micro, global_batch, seq + 1] per step, or [global_batch, seq + 1] for one micro-batch
+    lead = (micro,) if micro > 1 else ()
+    batches = [rng.integers(0, cfg.vocab, (*lead, global_batch, cfg.seq + 1), dtype=np.int32)
                for _ in range(2)]
     if mesh is not None:
         def place(path, leaf):
@@ -211,14 +225,16 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
             return NamedSharding(mesh, P(None, "expert") if expert else P())
 
         state = jax.device_put(state, jax.tree_util.tree_map_with_path(place, state))
-        batches = [jax.device_put(b, NamedSharding(mesh, P(("data", "expert")))) for b in batches]
+        spec = P(*(None,) * len(lead), ("data", "expert"))
+        batches = [jax.device_put(b, NamedSharding(mesh, spec)) for b in batches]
     else:
         batches = [jax.device_put(b) for b in batches]
     log(f"{variant}: model built in {time.perf_counter() - t0:.1f} s")
 
     if variant == "padded":  # size the padded buffers from the first batch's routing
         probe = nnx.merge(graphdef, state)[0]
-        _, aux = nnx.jit(lambda model, t: model(t))(probe, batches[0][:, :-1])
+        first = batches[0][0] if micro > 1 else batches[0]
+        _, aux = nnx.jit(lambda model, t: model(t))(probe, first[:, :-1])
         largest = int(np.asarray(aux["expert_counts"]).max())
         moe_fn.capacity = b2_capacity(math.ceil(args.padded_margin * largest))
         record["capacity"] = moe_fn.capacity
@@ -228,19 +244,26 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     def make_train_step(graphdef, prepared):
         def train_step(state, tokens):
             model, opt = nnx.merge(graphdef, state)
-            # Once per optimizer step, outside the gradient and shared by its micro-batches (one
-            # today): the FP8 expert weights of the step's parameters.
+            # Once per optimizer step, outside the gradient and shared by its micro-batches:
+            # the FP8 expert weights of the step's parameters.
             fp8_weights = m.prepare_fp8_weights(model) if prepared else None
-            grad_fn = nnx.value_and_grad(m.loss_fn, has_aux=True)
-            (loss, metrics), grads = grad_fn(model, tokens, cfg.aux_loss_weight, fp8_weights)
+            if micro == 1:
+                grad_fn = nnx.value_and_grad(m.loss_fn, has_aux=True)
+                (loss, metrics), grads = grad_fn(model, tokens, cfg.aux_loss_weight,
+                                                 fp8_weights)
+                dropped = metrics["dropped"].sum()
+            else:
+                loss, grads, dropped = m.accumulated_value_and_grad(
+                    model, tokens, cfg.aux_loss_weight, fp8_weights)
             opt.update(model, grads)
-            return nnx.state((model, opt)), loss, metrics["dropped"].sum()
+            return nnx.state((model, opt)), loss, dropped
 
         return train_step
 
     step = jax.jit(make_train_step(graphdef, prepared), donate_argnums=0)
     t0 = time.perf_counter()
-    log(f"{variant}: compiling ({global_batch} x {cfg.seq} tokens per step)")
+    log(f"{variant}: compiling ({micro} x {global_batch} x {cfg.seq} tokens per step)"
+        if micro > 1 else f"{variant}: compiling ({global_batch} x {cfg.seq} tokens per step)")
     lowered = step.lower(state, batches[0])
     if cfg.quantization is not None:
         from benchmarks import mok_internals
@@ -277,7 +300,7 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
     for i, ms in enumerate(stats["times_ms"]):
         log(f"{variant}: timed step {i + 1}/{args.steps} {ms:.1f} ms, loss "
             f"{losses[args.warmup + i]:.4f}")
-    tokens = global_batch * cfg.seq
+    tokens = micro * global_batch * cfg.seq
     record.update(
         status="ok", step_ms=stats["times_ms"], step_ms_median=stats["median_ms"],
         tokens_per_s=tokens / (stats["median_ms"] * 1e-3), losses=losses,
