@@ -6,6 +6,8 @@
                                                                   # per-phase device times
     python3 tools/kernel_timings.py forward --shapes S3            # one forward (under ncu)
     python3 tools/kernel_timings.py compare A.txt B.txt           # two profile outputs, per phase
+    python3 tools/kernel_timings.py fit P.txt [...]               # per-tile / per-stage cost of
+        # each GEMM phase from profiles of derived shapes (--shapes S1-H1024,S1,S1-H4096)
     python3 tools/kernel_timings.py compile --quantization none,fp8_block  # compile seconds
     python3 tools/kernel_timings.py quantizers --quantization fp8_block    # the quantizers' GB/s
     python3 tools/kernel_timings.py timings --quantization fp8_block,mxfp8   # the FP8 layer:
@@ -398,11 +400,95 @@ def compare(first: str, second: str) -> None:
         print(f"| {shape} | **total** | {ta:.3f} | {tb:.3f} | {100 * (tb / ta - 1):+.0f} % |")
 
 
+# The GEMM phases of a profile and their problem: (tile-count function, K) of a shape; BK of a
+# stage is 64 (bf16) or 128 (FP8). Routed rows are counted as balanced (T k / E per expert).
+SMS = 132
+CTA_TILE = (128, 256)
+
+
+def _phase_problem(phase: str, s: testing.Shape) -> tuple[int, int] | None:
+    """(CTA tiles, K) of one GEMM phase of ``s`` by its profile name, None for other phases."""
+    m_tiles = s.experts * -(-(s.tokens * s.top_k // s.experts) // CTA_TILE[0])
+    positions = s.tokens * s.top_k // s.experts  # per expert: the weight gradients' K
+    if "gate/up GEMM" in phase:
+        return m_tiles * -(-s.ffn // (CTA_TILE[1] // 2)), s.hidden
+    if "down GEMM" in phase:
+        return m_tiles * -(-s.hidden // CTA_TILE[1]), s.ffn
+    if "dy Wd^T GEMM" in phase:
+        return m_tiles * -(-s.ffn // CTA_TILE[1]), s.hidden
+    if "dh Wgu^T GEMM" in phase:
+        return m_tiles * -(-s.hidden // CTA_TILE[1]), 2 * s.ffn
+    if phase.startswith("dWd GEMM"):
+        return s.experts * -(-s.ffn // CTA_TILE[0]) * -(-s.hidden // CTA_TILE[1]), positions
+    if phase.startswith("dWgu GEMM"):
+        return s.experts * -(-s.hidden // CTA_TILE[0]) * -(-(2 * s.ffn) // CTA_TILE[1]), positions
+    return None
+
+
+def fit_stages(profiles: dict[str, list[tuple[str, float]]], ceilings: dict[str, float]
+               ) -> list[dict]:
+    """Per GEMM phase, per-tile and per-stage cost from runs of derived shapes that keep the
+    phase's tile count and change its K (``S1-H1024``, ``S1``, ``S1-H4096``): a least-squares
+    line ``ms = a + b K`` over them. Per stage (BK = 64 for bf16 phases, 128 for ``fp8 ...``
+    ones) and tile: ``b BK / waves``, against the ideal ``2 * 128 * 256 * BK`` FLOPs at the
+    phase's ceiling (TFLOP/s, ``ceilings["bf16"]`` / ``["fp8"]``) spread over the SMs; per
+    tile: ``a / waves`` (epilogue, tile switch: whatever does not grow with K)."""
+    points: dict[tuple[str, int], list[tuple[int, float, str]]] = {}
+    for label, phases in profiles.items():
+        s = shape(label.split(":")[0])
+        seen: set[str] = set()
+        for phase, ms in phases:
+            problem = _phase_problem(phase, s)
+            if problem is None or phase in seen:  # the first occurrence of a phase per run
+                continue
+            seen.add(phase)
+            tiles, k = problem
+            points.setdefault((phase, tiles), []).append((k, ms, label))
+    rows = []
+    for (phase, tiles), pts in points.items():
+        if len({k for k, _, _ in pts}) < 2:
+            continue
+        n = len(pts)
+        mk = sum(k for k, _, _ in pts) / n
+        mt = sum(t for _, t, _ in pts) / n
+        b = sum((k - mk) * (t - mt) for k, t, _ in pts) / sum((k - mk) ** 2 for k, _, _ in pts)
+        a = mt - b * mk
+        fp8 = phase.startswith("fp8 ")
+        bk = 128 if fp8 else 64
+        waves = tiles / SMS
+        stage_us = 1e3 * b * bk / waves
+        ideal_us = 2 * CTA_TILE[0] * CTA_TILE[1] * bk / (ceilings["fp8" if fp8 else "bf16"]
+                                                          * 1e12 / SMS) * 1e6
+        worst = max(abs(t - (a + b * k)) / t for k, t, _ in pts)
+        rows.append({"phase": phase, "tiles": tiles, "runs": [lbl for _, _, lbl in sorted(pts)],
+                     "k": sorted(k for k, _, _ in pts), "tile_us": 1e3 * a / waves,
+                     "stage_us": stage_us, "ideal_stage_us": ideal_us,
+                     "stage_efficiency": ideal_us / stage_us, "worst_residual": worst})
+    return rows
+
+
+def fit(paths: list[str], ceilings: dict[str, float]) -> None:
+    """Markdown table of :func:`fit_stages` over the runs of one or more profile outputs."""
+    profiles = {}
+    for path in paths:
+        profiles.update(read_profile(path))
+    rows = fit_stages(profiles, ceilings)
+    print(f"| phase | tiles | K | per tile us | per stage us | ideal us | of the ceiling "
+          f"({ceilings['bf16']:g} / {ceilings['fp8']:g} TFLOP/s) | worst residual |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['phase']} | {r['tiles']} | {', '.join(map(str, r['k']))} | "
+              f"{r['tile_us']:.2f} | {r['stage_us']:.3f} | {r['ideal_stage_us']:.3f} | "
+              f"{100 * r['stage_efficiency']:.0f} % | {100 * r['worst_residual']:.1f} % |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("timings", "profile", "forward", "compare", "quantizers",
-                                     "compile"))
-    ap.add_argument("files", nargs="*", help="compare: two profile outputs")
+                                     "compile", "fit"))
+    ap.add_argument("files", nargs="*", help="compare: two profile outputs; fit: any number")
+    ap.add_argument("--ceilings", default="738,1400",
+                    help="fit: the bf16 and FP8 matmul ceilings (TFLOP/s) of the profiled run")
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S5,S6")
     ap.add_argument("--fp8-runs", default=",".join(FP8_RUNS),
                     help=f"timings of the FP8 layer: a comma list from {FP8_RUNS}")
@@ -424,6 +510,12 @@ def main() -> None:
         if len(args.files) != 2:
             ap.error("compare takes two profile output files")
         compare(*args.files)
+        return
+    if args.what == "fit":
+        if not args.files:
+            ap.error("fit takes profile output files (runs of derived shapes: S1-H1024, ...)")
+        bf16, fp8 = (float(v) for v in args.ceilings.split(","))
+        fit(args.files, {"bf16": bf16, "fp8": fp8})
         return
     shapes = args.shapes.split(",")
     for name in shapes:
