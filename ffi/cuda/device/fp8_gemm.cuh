@@ -98,6 +98,10 @@ __device__ __forceinline__ int fp8_box_row(const Fp8GemmParams& p, int n_tile, i
 // Scale factors kept per stage: mxfp8 one per k32 step, fp8_block one per stage.
 template <Recipe R>
 constexpr int kScaleSteps = R == Recipe::kMx ? kSteps : 1;
+// k32 steps per promotion group, the wgmmas that accumulate in the tensor cores before their
+// sum is scaled into the float32 accumulator: one scale block (mxfp8 32 K, fp8_block 128 K).
+template <Recipe R>
+constexpr int kGroupSteps = kSteps / kScaleSteps<R>;
 // Ring depth: 48 KB of operands per stage. fp8_block fits 4 stages in the 227 KB opt-in limit
 // (with the staging area and the tables of kFp8MaxExperts experts); mxfp8's per-step float32
 // scales (16 KB per stage) leave room for 3.
@@ -273,44 +277,41 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < kSteps; ++j) {
-          // One promotion group (fp8_block: the half's four k32 steps; mxfp8: one) is one
-          // wgmma batch: a single fence before its first wgmma and a single commit after its
-          // last. A fence or commit between two wgmmas of a batch makes each wait for the
-          // previous one's accumulator (SASS: an ARRIVE and a scoreboard per QGMMA), so the
-          // steps run one latency apart instead of back to back in the tensor pipe.
-          const bool first = R == Recipe::kMx || j == 0;
-          const bool last = R == Recipe::kMx || j == kSteps - 1;
-          if (first) {
-            mma.accumulate_ = GMMA::ScaleOut::Zero;
-            warpgroup_fence_operand(part);
-            warpgroup_arrive();
+        for (int g = 0; g < kSteps / kGroupSteps<R>; ++g) {
+          // One promotion group is one wgmma batch: a single fence before its first wgmma and
+          // a single commit after its last. A fence or commit between two wgmmas of a batch
+          // makes each wait for the previous one's accumulator (SASS: an ARRIVE and a
+          // scoreboard per QGMMA), so the steps would run one latency apart instead of back to
+          // back in the tensor pipe.
+          mma.accumulate_ = GMMA::ScaleOut::Zero;
+          warpgroup_fence_operand(part);
+          warpgroup_arrive();
+#pragma unroll
+          for (int j = g * kGroupSteps<R>; j < (g + 1) * kGroupSteps<R>; ++j) {
+            if (h == 0)
+              gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
+            else
+              gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
+            mma.accumulate_ = GMMA::ScaleOut::One;
           }
-          if (h == 0)
-            gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
-          else
-            gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
-          mma.accumulate_ = GMMA::ScaleOut::One;
-          if (last) {
-            warpgroup_commit_batch();
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(part);
-            const int js = R == Recipe::kMx ? j : 0;
-            const float a0 = __uint_as_float(s.sa[stage][js][r0]);
-            const float a1 = __uint_as_float(s.sa[stage][js][r1]);
-            if constexpr (kBPerRow) {
-              const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(part);
+          const int js = R == Recipe::kMx ? g : 0;  // the group's scale step
+          const float a0 = __uint_as_float(s.sa[stage][js][r0]);
+          const float a1 = __uint_as_float(s.sa[stage][js][r1]);
+          if constexpr (kBPerRow) {
+            const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
 #pragma unroll
-              for (int i = 0; i < 64; ++i)
-                acc[i + 64 * h] =
-                    fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
-            } else {
-              const float b = __uint_as_float(s.sb[stage][0][h]);
-              const float f0 = a0 * b, f1 = a1 * b;
+            for (int i = 0; i < 64; ++i)
+              acc[i + 64 * h] =
+                  fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
+          } else {
+            const float b = __uint_as_float(s.sb[stage][0][h]);
+            const float f0 = a0 * b, f1 = a1 * b;
 #pragma unroll
-              for (int i = 0; i < 64; ++i)
-                acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
-            }
+            for (int i = 0; i < 64; ++i)
+              acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
           }
         }
       }
