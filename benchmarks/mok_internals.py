@@ -54,13 +54,17 @@ def routed_experts_bf16(implementation: str) -> Callable:
 
 
 def routed_experts_fp8(recipe: str, implementation: str = "ffi",
-                       weight_grads: str = "fp8") -> Callable:
+                       weight_grads: str | None = None) -> Callable:
     """The FP8 layer for ``recipe`` ("mxfp8" / "fp8_block") with the signature of
     :func:`routed_experts_bf16`. The weights may be arrays (quantized inside the layer) or
     ``jax_mok.QuantizedWeight`` s from ``jax_mok.quantize_params`` (forward only); ``prepared``:
     their FP8 layouts from ``jax_mok.fp8_weights`` (read instead of quantizing).
-    ``weight_grads``: ``MoEConfig.fp8_weight_gradients``."""
+    ``weight_grads``: ``MoEConfig.fp8_weight_gradients`` (None: the layer's default on one
+    device, as ``jax_mok.moe`` resolves it)."""
+    from jax_mok.config import weight_gradient_mode
+
     fp8 = _fp8_module()  # the kernels where they run the call, else the pure-JAX layer
+    weight_grads = weight_gradient_mode(weight_grads)
 
     def call(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared=None):
         extra = {} if prepared is None else {"prepared": prepared}  # jax_mok.fp8_weights'

@@ -184,6 +184,7 @@ class ShapeRunner:
 
     def base_record(self, item: dict) -> dict:
         from benchmarks import peers_jax
+        from jax_mok.config import weight_gradient_mode
 
         s = self.shape
         impl = IMPLS[item["impl"]]
@@ -194,6 +195,10 @@ class ShapeRunner:
             "top_k": s.top_k, "dtype": self.dtype.name, "flops": routed_flops(s, item["pass"]),
             "precision": impl.precision, "recipe": impl.recipe,
             "prequantized": impl.prequantized, "x_itemsize": self.dtype.itemsize,
+            # the FP8 layer's weight-gradient mode (mok_internals: the layer's default)
+            "fp8_weight_gradients": (weight_gradient_mode(None)
+                                     if impl.precision == "fp8" and not impl.peer
+                                     else None),
             # the weights as the implementation reads them (pre-quantized rows overwrite this)
             # and their gradients (dense, in the weights' dtype): the roofline's bytes
             "weight_bytes_per_expert": weight_bytes, "weight_grad_bytes_per_expert": weight_bytes,

@@ -194,12 +194,9 @@ class MoEConfig:
         return self.num_shared_experts * (self.shared_ffn_size or self.ffn_size)
 
     def weight_gradient_mode(self, expert_parallel: bool = False) -> str:
-        """The FP8 weight-gradient mode a call runs: ``fp8_weight_gradients``, or for ``None``
-        ``"unquantized"`` (faster on every measured shape), ``"fp8"`` under expert parallelism
-        (the only mode there)."""
-        if self.fp8_weight_gradients is not None:
-            return self.fp8_weight_gradients
-        return "fp8" if expert_parallel else "unquantized"
+        """The FP8 weight-gradient mode a call runs (:func:`weight_gradient_mode` of
+        ``fp8_weight_gradients``)."""
+        return weight_gradient_mode(self.fp8_weight_gradients, expert_parallel)
 
     def capacity(self, num_tokens: int) -> int | None:
         """Assignments each expert keeps for ``num_tokens`` tokens (None when dropless)."""
@@ -210,3 +207,12 @@ class MoEConfig:
     def routed_flops(self, num_tokens: int) -> int:
         """Forward FLOPs of the routed experts: 6 * T * k * H * F."""
         return 6 * num_tokens * self.top_k * self.hidden_size * self.ffn_size
+
+
+def weight_gradient_mode(fp8_weight_gradients: str | None, expert_parallel: bool = False) -> str:
+    """The FP8 weight-gradient mode a call runs for ``MoEConfig.fp8_weight_gradients``: the value
+    itself, or for ``None`` ``"unquantized"`` (faster on every measured shape) and ``"fp8"``
+    under expert parallelism (the only mode there)."""
+    if fp8_weight_gradients is not None:
+        return fp8_weight_gradients
+    return "fp8" if expert_parallel else "unquantized"

@@ -273,3 +273,35 @@ def test_b6_hands_liger_its_layout():
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_the_fp8_rows_run_the_layers_default_weight_gradient_mode(monkeypatch):
+    """The harness's FP8 rows (mok_internals.routed_experts_fp8 without weight_grads) run what
+    jax_mok.moe runs for MoEConfig(fp8_weight_gradients=None) on one device, and say so."""
+    from benchmarks import mok_internals, worker
+    from jax_mok.config import MoEConfig, weight_gradient_mode
+
+    seen = {}
+
+    class FakeFp8:
+        @staticmethod
+        def routed_experts_fp8(*args, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(mok_internals, "_fp8_module", lambda: FakeFp8)
+    mok_internals.routed_experts_fp8("fp8_block", "ffi")(None, None, None, None, None)
+    default = MoEConfig(num_experts=8, top_k=2, hidden_size=128, ffn_size=128,
+                        quantization="fp8_block").weight_gradient_mode()
+    assert seen["weight_grads"] == default == weight_gradient_mode(None) == "unquantized"
+    mok_internals.routed_experts_fp8("fp8_block", "ffi", "fp8")(None, None, None, None, None)
+    assert seen["weight_grads"] == "fp8"
+    assert weight_gradient_mode(None, expert_parallel=True) == "fp8"
+
+    spec = {"dtype": "bfloat16", "shape": "S6", "scale_tokens": 0.01, "scale_model": 0.0625,
+            "iters": 2, "warmup": 1, "num_sets": 1}
+    runner = worker.ShapeRunner(spec, events=None)
+    for impl, mode in (("jax_mok-fp8_block", default), ("jax_mok-mxfp8", default),
+                       ("B3-fp8", None), ("jax_mok", None)):
+        item = {"key": f"S6/balanced/fwdbwd/{impl}", "shape": "S6", "routing": "balanced",
+                "pass": "fwdbwd", "impl": impl}
+        assert runner.base_record(item)["fp8_weight_gradients"] == mode, impl

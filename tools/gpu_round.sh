@@ -24,11 +24,12 @@
 #   quant    tools/kernel_timings.py quantizers (the CUDA quantizers' GB/s against the HBM copy)
 #   ncu      ncu (SpeedOfLight, WarpStateStats, SchedulerStats, MemoryWorkload) of the FP8 GEMMs of
 #            one forward of NCU_SHAPE (S2), NCU_TIMEOUT (150 s)
-#   ab       two builds bitwise (tools/compare_builds.py): AB_BASE's and AB_DEV's extensions
-#            (default .device/ext-base, .device/ext-dev), each in its own process
-#   profab   per-phase profiles of both builds, AB_SHAPES (S1,S2) x AB_QUANT ("none fp8_block"), and
-#            tools/kernel_timings.py compare of each pair
-# The steps after ab / profab run with the extension they left in place (AB_DEV's).
+#   ab       builds bitwise (tools/compare_builds.py): AB_BASE's extension against each of AB_DEV's
+#            (a space-separated list; default .device/ext-base, .device/ext-dev), each in its own
+#            process
+#   profab   per-phase profiles of every build, AB_SHAPES (S1,S2) x AB_QUANT ("none fp8_block"),
+#            and tools/kernel_timings.py compare of AB_BASE against each of AB_DEV's
+# The steps after ab / profab run with the extension they left in place (AB_DEV's first).
 # The last lines are a summary: each step's exit code and its last result line; the step logs
 # end up in $OUT/logs.tgz (with summary.txt and machine.txt beside it).
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers; liger-kernel for B6).
@@ -91,6 +92,7 @@ run() {  # run NAME TIMEOUT CMD...: the command's output to $OUT/NAME.log, a sum
 
 PYTEST="python3 -m pytest -q -p no:cacheprovider -rfE"
 AB_BASE=${AB_BASE:-.device/ext-base} AB_DEV=${AB_DEV:-.device/ext-dev}  # ab, profab
+AB_DEV1=${AB_DEV%% *}  # the first of AB_DEV's builds: the one left in place
 for s in ${STEPS//,/ }; do
   case "$s" in
     fp8)
@@ -188,28 +190,32 @@ for s in ${STEPS//,/ }; do
         ${E2E_ARGS:-}
       ;;
     ab)
-      for ext in "$AB_DEV" "$AB_BASE"; do
+      for ext in $AB_DEV "$AB_BASE"; do
         cp "$ext"/_mok_c*.so jax_mok/
         XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 run "ab_$(basename "$ext")" ${AB_TIMEOUT:-150} \
           python3 tools/compare_builds.py run "/tmp/ab_$(basename "$ext").npz"
       done
-      TAIL=10 run ab_compare 30 python3 tools/compare_builds.py compare \
-        "/tmp/ab_$(basename "$AB_BASE").npz" "/tmp/ab_$(basename "$AB_DEV").npz"
-      cp "$AB_DEV"/_mok_c*.so jax_mok/
+      for ext in $AB_DEV; do
+        TAIL=10 run "ab_compare_$(basename "$ext")" 30 python3 tools/compare_builds.py compare \
+          "/tmp/ab_$(basename "$AB_BASE").npz" "/tmp/ab_$(basename "$ext").npz"
+      done
+      cp "$AB_DEV1"/_mok_c*.so jax_mok/
       ;;
     profab)
       for q in ${AB_QUANT:-none fp8_block}; do
-        for ext in "$AB_BASE" "$AB_DEV"; do
+        for ext in "$AB_BASE" $AB_DEV; do
           cp "$ext"/_mok_c*.so jax_mok/
           JAX_MOK_CUDA_PROFILE=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 TAIL=0 \
             run "prof_$(basename "$ext")_$q" ${PROFILE_TIMEOUT:-120} python3 \
             tools/kernel_timings.py profile --shapes ${AB_SHAPES:-S1,S2} --quantization $q
         done
-        python3 tools/kernel_timings.py compare \
-          "$OUT/prof_$(basename "$AB_BASE")_$q.log" "$OUT/prof_$(basename "$AB_DEV")_$q.log" \
-          | tee "$OUT/profab_$q.txt" | grep -E "GEMM|gather|quantize|total"
+        for ext in $AB_DEV; do
+          python3 tools/kernel_timings.py compare "$OUT/prof_$(basename "$AB_BASE")_$q.log" \
+            "$OUT/prof_$(basename "$ext")_$q.log" | tee "$OUT/profab_$(basename "$ext")_$q.txt" \
+            | grep -E "GEMM|gather|quantize|total"
+        done
       done
-      cp "$AB_DEV"/_mok_c*.so jax_mok/
+      cp "$AB_DEV1"/_mok_c*.so jax_mok/
       ;;
     *) note "unknown step $s" ;;
   esac

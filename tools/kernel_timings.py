@@ -77,7 +77,7 @@ def inputs(name: str):
     return x, ids, w, jnp.tile(wgu, (E // u, 1, 1)), jnp.tile(wd, (E // u, 1, 1)), dy
 
 
-FP8_WEIGHT_GRADS = "fp8"  # --fp8-weight-grads (MoEConfig.fp8_weight_gradients)
+FP8_WEIGHT_GRADS = None  # --fp8-weight-grads (MoEConfig.fp8_weight_gradients; None: default)
 
 
 def _experts(quantization: str, save: bool | None = None):
@@ -494,8 +494,9 @@ def main() -> None:
                     help=f"timings of the FP8 layer: a comma list from {FP8_RUNS}")
     ap.add_argument("--quantization", default="none",
                     help=f"comma list from {QUANTIZATIONS} (profile / forward: one value)")
-    ap.add_argument("--fp8-weight-grads", default="fp8", choices=("fp8", "unquantized"),
-                    help="MoEConfig.fp8_weight_gradients of the FP8 runs")
+    ap.add_argument("--fp8-weight-grads", default=None, choices=("fp8", "unquantized"),
+                    help="MoEConfig.fp8_weight_gradients of the FP8 runs (default: the "
+                         "layer's, MoEConfig.weight_gradient_mode)")
     args = ap.parse_args()
     global FP8_WEIGHT_GRADS
     FP8_WEIGHT_GRADS = args.fp8_weight_grads
