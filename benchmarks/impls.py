@@ -72,14 +72,15 @@ IMPLS: dict[str, Impl] = {i.name: i for i in (
 )}
 
 # Run order inside a (routing, pass) group: torch first while JAX's memory pool is still small,
-# then ours, then the XLA peers. B6 and B1 run after every group of the shape
-# (worker.shape_items): B6's first call runs Liger's autotune for minutes where
-# benchmarks/b6_configs.json has no record of the shape (an item timeout then kills the worker
-# and the shape's budget with it, which must not cost the rows the run is for), B1 is slow and
-# often out of memory. The report's column order follows this tuple too.
+# then ours, then the XLA peers; the report's column order follows this tuple too.
 RUN_ORDER = ("B3", "B3-fp8", "jax_mok", "jax_mok-fp8_block", "jax_mok-mxfp8",
              "jax_mok-fp8_block-pq", "jax_mok-mxfp8-pq", "B6", "B2", "B1")
 assert set(RUN_ORDER) == set(IMPLS)
+# Run after every group of a shape, in this order (worker.shape_items): B6, whose first call
+# runs Liger's autotune for minutes where benchmarks/b6_configs.json has no record of the shape
+# (an item timeout then kills the worker and the shape's budget with it, which must not cost
+# the rows the run is for); B1, slow and often out of memory.
+RUN_LAST = ("B6", "B1")
 
 GROUPS = {
     "all": RUN_ORDER,

@@ -18,7 +18,7 @@ import time
 import traceback
 
 from benchmarks import runners
-from benchmarks.impls import IMPLS, RUN_ORDER, runs_pass
+from benchmarks.impls import IMPLS, RUN_LAST, RUN_ORDER, runs_pass
 
 RESTART_EXIT_CODE = 3
 
@@ -32,23 +32,21 @@ def shape_items(shape: str, routings: list[str], passes: list[str],
     """The items of one shape in run order.
 
     Routing-major, then pass, then implementation (``impls.RUN_ORDER``: torch first in each
-    group, while JAX's pool is still small), then B6's items (whose first call may run Liger's
-    autotune for minutes, and an item timeout kills the worker with the shape's budget share),
-    then B1's (slow, often out of memory, and then holding a large JAX pool). So a short
+    group, while JAX's pool is still small), then the items of ``impls.RUN_LAST`` (B6, whose
+    first call may search for minutes; B1, slow and often out of memory). So a short
     ``--budget-s`` still yields jax_mok next to its peers on the first (routing, pass) groups
     instead of one implementation's every item. An implementation without a pass (the
     forward-only ``-pq`` rows) has no item for it.
     """
     ordered = [i for i in RUN_ORDER if i in impls]
-    late = ("B6", "B1")
-    first = [i for i in ordered if i not in late]
+    first = [i for i in ordered if i not in RUN_LAST]
 
     def items(names):
         return [{"key": item_key(shape, r, p, i), "shape": shape, "routing": r, "pass": p,
                  "impl": i}
                 for r in routings for p in passes for i in names if runs_pass(i, p)]
 
-    return items(first) + [item for name in late if name in ordered for item in items([name])]
+    return items(first) + [item for name in RUN_LAST if name in ordered for item in items([name])]
 
 
 def routed_flops(shape, passname: str) -> int:

@@ -262,8 +262,7 @@ def run_variant(variant, cfg, args, batch, mesh, attention, ceiling, n_devices):
 
     step = jax.jit(make_train_step(graphdef, prepared), donate_argnums=0)
     t0 = time.perf_counter()
-    log(f"{variant}: compiling ({micro} x {global_batch} x {cfg.seq} tokens per step)"
-        if micro > 1 else f"{variant}: compiling ({global_batch} x {cfg.seq} tokens per step)")
+    log(f"{variant}: compiling ({micro} x {global_batch} x {cfg.seq} tokens per step)")
     lowered = step.lower(state, batches[0])
     if cfg.quantization is not None:
         from benchmarks import mok_internals
