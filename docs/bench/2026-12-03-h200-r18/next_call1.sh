@@ -1,0 +1,38 @@
+#!/bin/bash
+# The next session's first device call (written in r18), carry [".device/ext-dev", ".device/ext-x1",
+# ".device/ext-x3", ".device/ext-x4"]: where the FP8 mainloop's stage time goes (r18: 1.28-1.30 us
+# per 128-K stage, 61-62 % of the FP8 ceiling, while BF16's stage with the same bytes is 0.82-0.90
+# us). Timing-only diagnostic builds (wrong values; never merged; patches beside this script):
+#   ext-x1  fp8_diag1_nopromo.patch: no promotion; each half accumulates over all K in the tensor
+#           cores, stages pipelined with wait<1> as the BF16 consumer does (the feed with n128
+#           halves, nothing of the promotion)
+#   ext-x3  fp8_diag3_n256.patch: as x1 with one m64n256k32 chain per warpgroup (B stage stored
+#           as 256 contiguous rows): the feed at BF16's wgmma shape
+#   ext-x4  fp8_diag4_drain_only.patch: main's loop, each group's drain kept, its promotion (scale
+#           loads, FFMAs) left out except at the tile's last stage
+# Readout (S1, S2 fp8_block GEMM phases against ext-dev): dev - x4 = the promotion's FFMA/LDS;
+# x4 - x1 = the drains; x1 - x3 = n128 halves against n256. Predicted: x1 near BF16's per-stage
+# time (GEMM phases -25..-35 %), x4 between, x3 a little under x1.
+# Then ncu --set full of ext-dev's S1 forward GEMMs (fp8_block, and bf16) with per-SASS stall
+# samples (tools/ncu_sass.py reads *_sass.csv), as r12's call 1.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 \
+  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev \
+  AB_DEV=".device/ext-x1 .device/ext-x3 .device/ext-x4" AB_SHAPES=S1,S2 AB_QUANT=fp8_block \
+  PROFILE_TIMEOUT=90 tools/gpu_round.sh profab > $OUT/round.log 2>&1
+grep -hE "fp8 .*GEMM|total" $OUT/profab_*.txt
+cp .device/ext-dev/_mok_c*.so jax_mok/
+mkdir -p /tmp/n
+prof() {  # prof LABEL SHAPE QUANT KERNEL_REGEX
+  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD timeout 150 ncu --clock-control none \
+    --set full --import-source no -k "regex:$4" --launch-count 2 -f -o /tmp/n/$1 \
+    python3 tools/kernel_timings.py forward --shapes $2 --quantization $3 > /tmp/n/$1.log 2>&1
+  echo "ncu $1 rc=$?"; tail -3 /tmp/n/$1.log
+  ncu --import /tmp/n/$1.ncu-rep --print-details all > /tmp/n/$1.txt 2>&1
+  ncu --import /tmp/n/$1.ncu-rep --page source --csv --print-source sass > /tmp/n/$1_sass.csv 2>&1
+  grep -E "fp8_gemm_kernel|wgmma_gemm_kernel|^    Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Shared Memory|Tensor" /tmp/n/$1.txt | cut -c1-150 | head -40
+}
+prof fp8_S1 S1 fp8_block fp8_gemm_kernel
+prof bf16_S1 S1 none wgmma_gemm_kernel
+(cd /tmp/n && tar czf $OUT/ncu.tgz *.txt *.csv *.log)
