@@ -71,7 +71,11 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
         return (s.x, s.ids, s.weights, *weights[i % len(problem.sets)], dy)
 
     start = time.perf_counter()
-    out = jitted(*args(0, probe.dy_check))
+    # Wait for the program itself before reading its outputs: execution is asynchronous, so an
+    # allocation failure inside it would otherwise surface in the first eager op that reads
+    # them, the probe's slice-and-astype, and be reported as that op's (S4's FP8 fwd+bwd OOM
+    # read executable_name='jit_convert_element_type' while the 24 GiB were the program's).
+    out = jax.block_until_ready(jitted(*args(0, probe.dy_check)))
     got = (problems.probe_outputs(probe, out) if item["pass"] == "fwd"
            else problems.probe_outputs(probe, *out))
     del out

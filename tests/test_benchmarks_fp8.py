@@ -305,3 +305,49 @@ def test_the_fp8_rows_run_the_layers_default_weight_gradient_mode(monkeypatch):
         item = {"key": f"S6/balanced/fwdbwd/{impl}", "shape": "S6", "routing": "balanced",
                 "pass": "fwdbwd", "impl": impl}
         assert runner.base_record(item)["fp8_weight_gradients"] == mode, impl
+
+
+def test_fp8_items_wait_for_the_program_before_probing(monkeypatch):
+    """S4's FP8 fwd+bwd OOM read ``executable_name='jit_convert_element_type'``: the timed
+    program's own allocation (its 24 GiB temp buffer) failed, and as execution is asynchronous
+    the error surfaced in the first eager op that read its outputs, the probe's astype. run_jax
+    waits for the program before probing, so such a failure is reported as the program's."""
+    import dataclasses
+
+    import jax
+
+    from benchmarks import mok_internals, problems, runners, worker
+    from jax_mok import testing
+
+    if not mok_internals.kernels_built("cpu"):
+        pytest.skip("jax_mok's CPU kernels are not built")
+    spec = {"dtype": "bfloat16", "shape": "S4", "scale_tokens": 1.0, "scale_model": 1.0,
+            "iters": 2, "warmup": 1, "num_sets": 2, "probe_tokens": 16}
+    sr = worker.ShapeRunner(spec, events=None)
+    sr.shape = dataclasses.replace(testing.SHAPES["S4"], tokens=96, hidden=256, ffn=128,
+                                   experts=16, top_k=2)
+    problem, want = sr.problem("balanced"), sr.reference("balanced")
+
+    events = []
+    block, probe_outputs = jax.block_until_ready, problems.probe_outputs
+
+    def spy_block(x):
+        events.append(("block", {id(leaf) for leaf in jax.tree.leaves(x)}))
+        return block(x)
+
+    def spy_probe(probe, y, grads=None):
+        events.append(("probe", id(y)))
+        return probe_outputs(probe, y, grads)
+
+    monkeypatch.setattr(jax, "block_until_ready", spy_block)
+    monkeypatch.setattr(problems, "probe_outputs", spy_probe)
+    for impl, passname in (("jax_mok-fp8_block", "fwdbwd"), ("jax_mok-fp8_block-pq", "fwd")):
+        events.clear()
+        item = {"key": f"S4/balanced/{passname}/{impl}", "shape": "S4", "routing": "balanced",
+                "pass": passname, "impl": impl}
+        record = sr.base_record(item)
+        runners.run_jax(sr, item, problem, want, record)
+        assert record["status"] == "ok", (impl, record.get("reason"))
+        first_probe = next(i for i, e in enumerate(events) if e[0] == "probe")
+        blocked = [e[1] for e in events[:first_probe] if e[0] == "block"]
+        assert blocked and events[first_probe][1] in blocked[-1], (impl, events)
