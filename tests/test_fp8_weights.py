@@ -223,6 +223,27 @@ def test_errors_name_the_problem():
             jnp.float32)))(params)
 
 
+def test_quantize_params_lowers_to_the_cuda_weight_quantizer():
+    """On the CUDA platform quantize_params runs the weight quantizer kernel (one pass, no
+    transposed copy of the weight in XLA), as fp8_weights does; "reference" keeps it in XLA;
+    a bad implementation names the function."""
+    from jax_mok.kernels import _ffi
+
+    params = testing.random_params(jax.random.key(0), _config(None), jnp.float32)
+    with pytest.raises(ValueError, match="quantize_params: implementation must be"):
+        jax_mok.quantize_params(params, "fp8_block", implementation="gpu")
+    if not _ffi.kernels_built("cuda"):
+        pytest.skip("jax_mok._mok_cuda is not built")
+
+    def lowered(implementation):
+        fn = lambda p: jax_mok.quantize_params(  # noqa: E731
+            p, "fp8_block", dtype=jnp.bfloat16, implementation=implementation)
+        return jax.jit(fn).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+
+    assert "mok_quantize_weight" in lowered("cuda")
+    assert "mok_quantize_weight" not in lowered("reference")
+
+
 def test_flax_modules_take_fp8_weights():
     from flax import nnx
 

@@ -70,11 +70,21 @@ class Fp8Weights:
         return sum(int(a.size) * a.dtype.itemsize for a in leaves)
 
 
-def _on_cuda(implementation: str | None, hidden: int, ffn: int, experts: int) -> bool:
+def quantizer_on_cuda(implementation: str | None, hidden: int, ffn: int, experts: int,
+                      caller: str) -> bool:
+    """Whether ``caller`` (a public function's name, for its errors) quantizes expert weights
+    with the CUDA kernel: ``implementation`` None picks it on a GPU backend within the kernels'
+    limits, ``"cuda"`` requires it, ``"reference"`` refuses it."""
+    if implementation not in (None, "cuda", "reference"):
+        raise ValueError(f"jax_mok.{caller}: implementation must be None, 'cuda' or "
+                         f"'reference', got {implementation!r}")
     if implementation == "reference":
         return False
     on_gpu = implementation == "cuda" or jax.default_backend() == "gpu"
-    return on_gpu and cuda.cuda_limits(hidden, ffn, experts) is None
+    reason = cuda.cuda_limits(hidden, ffn, experts)
+    if implementation == "cuda" and reason is not None:
+        raise ValueError(f"jax_mok.{caller}: implementation='cuda' but {reason}")
+    return on_gpu and reason is None
 
 
 def quantize_expert_weight(w: jax.Array, recipe: str, backward: bool, use_cuda: bool):
@@ -115,9 +125,6 @@ def fp8_weights(params, *, dtype=None, backward: bool = True,
         raise ValueError("jax_mok.fp8_weights: params.config.quantization is None; set "
                          "MoEConfig(quantization='fp8_block' or 'mxfp8')")
     check_recipe(recipe, "params.config.quantization")
-    if implementation not in (None, "cuda", "reference"):
-        raise ValueError("jax_mok.fp8_weights: implementation must be None, 'cuda' or "
-                         f"'reference', got {implementation!r}")
     for name in ("w_gate_up", "w_down"):
         w = getattr(params, name)
         if isinstance(w, QuantizedWeight):
@@ -127,11 +134,8 @@ def fp8_weights(params, *, dtype=None, backward: bool = True,
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"jax_mok.fp8_weights: dtype must be a float dtype, got {dtype}")
     config = params.config
-    use_cuda = _on_cuda(implementation, config.hidden_size, config.ffn_size, config.num_experts)
-    if implementation == "cuda" and not use_cuda:
-        reason = cuda.cuda_limits(config.hidden_size, config.ffn_size,
-                                  config.num_experts) or "no GPU backend"
-        raise ValueError(f"jax_mok.fp8_weights: implementation='cuda' but {reason}")
+    use_cuda = quantizer_on_cuda(implementation, config.hidden_size, config.ffn_size,
+                                 config.num_experts, "fp8_weights")
     w_gu = jax.lax.stop_gradient(params.w_gate_up).astype(dtype)
     w_dn = jax.lax.stop_gradient(params.w_down).astype(dtype)
     gate_up, gate_up_t = quantize_expert_weight(w_gu, recipe, backward, use_cuda)
@@ -164,4 +168,5 @@ def check_fp8_weights(prepared, config, x_dtype) -> None:
                              f"but params.config needs {shape}")
 
 
-__all__ = ["Fp8Weights", "check_fp8_weights", "fp8_weights", "quantize_expert_weight"]
+__all__ = ["Fp8Weights", "check_fp8_weights", "fp8_weights", "quantize_expert_weight",
+           "quantizer_on_cuda"]
