@@ -160,6 +160,7 @@ def markdown(result: dict) -> str:
               "operands give ~6-7 % on random normal inputs; benchmarks/impls.py). ✗: above "
               "the check bound, not timed."]
     lines += _pairwise(result)
+    lines += _memory(records)
     lines += _not_timed(records)
     return "\n".join(lines) + "\n"
 
@@ -186,6 +187,24 @@ def _pairwise(result: dict) -> list[str]:
     for row in rows:
         cells = [*row] + [_fmt(table.get((*row, i, p)), ".2f", "×") for i, p in cols]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _memory(records: list[dict]) -> list[str]:
+    """The JAX rows' device memory: XLA's buffer assignment of each timed program."""
+    rows = [r for r in records if r.get("program_bytes")]
+    if not rows:
+        return []
+    gib = 1 << 30
+    lines = ["", "Device memory of each timed JAX program (GiB, XLA's buffer assignment; peak = "
+             "arguments + outputs + temporaries, aliased outputs once):", "",
+             "| shape | pass | impl | arguments | outputs | temporaries | peak |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["program_bytes"]
+        lines.append(f"| {r['shape']} | {r['pass']} | {r['impl']} | {b['arguments'] / gib:.2f} | "
+                     f"{b['outputs'] / gib:.2f} | {b['temporaries'] / gib:.2f} | "
+                     f"{b['peak'] / gib:.2f} |")
     return lines
 
 

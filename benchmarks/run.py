@@ -157,6 +157,11 @@ class Orchestrator:
         self.env = dict(os.environ)
         # JAX would take 75 % of the GPU up front; torch (B3) needs room beside it.
         self.env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        # JAX's default cap is 75 % of the GPU even without preallocation (104.9 GiB of an
+        # H200). S4's FP8 fwd+bwd holds ~120 GiB: the bf16 weights and their gradients (47 GiB
+        # each) and the two backward FP8 layouts (24 GiB) kept from the forward. torch's items
+        # run first in each shape and empty their cache, so JAX may take 90 %.
+        self.env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
         self.env["PYTHONPATH"] = os.pathsep.join(
             [REPO_ROOT] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else []))
         os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)

@@ -71,11 +71,15 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
         return (s.x, s.ids, s.weights, *weights[i % len(problem.sets)], dy)
 
     start = time.perf_counter()
+    # Compiled ahead of time so that the program timed below is the one whose buffer assignment
+    # is recorded (the FP8 rows' peak device memory: BENCHMARKS protocol).
+    compiled = jitted.lower(*args(0, probe.dy_check)).compile()
+    record["program_bytes"] = program_bytes(compiled)
     # Wait for the program itself before reading its outputs: execution is asynchronous, so an
     # allocation failure inside it would otherwise surface in the first eager op that reads
     # them, the probe's slice-and-astype, and be reported as that op's (S4's FP8 fwd+bwd OOM
     # read executable_name='jit_convert_element_type' while the 24 GiB were the program's).
-    out = jax.block_until_ready(jitted(*args(0, probe.dy_check)))
+    out = jax.block_until_ready(compiled(*args(0, probe.dy_check)))
     got = (problems.probe_outputs(probe, out) if item["pass"] == "fwd"
            else problems.probe_outputs(probe, *out))
     del out
@@ -85,9 +89,22 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
 
     def step(i: int) -> None:
         s = problem.sets[i % len(problem.sets)]
-        jax.block_until_ready(jitted(*args(i, s.dy)))
+        jax.block_until_ready(compiled(*args(i, s.dy)))
 
     sr.timed(step, record)
+
+
+def program_bytes(compiled) -> dict | None:
+    """Device bytes of a compiled JAX program from XLA's buffer assignment: its arguments,
+    outputs, temporaries and the peak they make together (outputs that alias arguments counted
+    once); None where the backend gives no memory analysis."""
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return None
+    out = {"arguments": int(ma.argument_size_in_bytes), "outputs": int(ma.output_size_in_bytes),
+           "aliased": int(ma.alias_size_in_bytes), "temporaries": int(ma.temp_size_in_bytes)}
+    out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+    return out
 
 
 def _torch_checked_and_timed(sr, runner, item: dict, want: dict, record: dict,

@@ -46,8 +46,13 @@ def test_quick_cpu_run_writes_checked_results(tmp_path):
     assert result["meta"]["machine"]["platform"] == "cpu"
     assert {s["peer"] for s in result["speedups"]} == {"B1", "B2"}
 
+    for r in records:  # XLA's buffer assignment of the timed program (the memory table)
+        b = r["program_bytes"]
+        assert b["arguments"] > 0 and b["outputs"] > 0 and b["temporaries"] >= 0, r["key"]
+        assert b["peak"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temporaries"]
     table = (out / "results.md").read_text()
     assert "| S6 | balanced | fwdbwd |" in table and "vs B2" in table
+    assert "Device memory of each timed JAX program" in table and "| S6 | fwdbwd | B2 |" in table
 
 
 def test_each_finished_shape_is_on_disk_before_the_next_runs(tmp_path, monkeypatch):
