@@ -36,3 +36,12 @@ prof() {  # prof LABEL SHAPE QUANT KERNEL_REGEX
 prof fp8_S1 S1 fp8_block fp8_gemm_kernel
 prof bf16_S1 S1 none wgmma_gemm_kernel
 (cd /tmp/n && tar czf $OUT/ncu.tgz *.txt *.csv *.log)
+# The whole single-GPU suite on main's kernels: r18's CPU commits after d9a9058 (quantize_params
+# through the CUDA weight quantizer, with its new GPU bit test in tests/test_cuda_fp8_weights.py;
+# the harness's AOT-compiled timed programs) are untested on a GPU until this passes.
+OUT=$OUT/suite EXT_DIR=.device/ext-dev SUITE_TIMEOUT=240 tools/gpu_round.sh suite \
+  > $OUT/suite_round.log 2>&1
+tail -4 $OUT/suite/summary.txt
+# At most 8 files come back: the rest in one archive.
+(cd $OUT && tar czf rest.tgz --remove-files round.log suite suite_round.log machine.txt logs.tgz)
+ls $OUT
