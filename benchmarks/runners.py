@@ -98,7 +98,10 @@ def program_bytes(compiled) -> dict | None:
     """Device bytes of a compiled JAX program from XLA's buffer assignment: its arguments,
     outputs, temporaries and the peak they make together (outputs that alias arguments counted
     once); None where the backend gives no memory analysis."""
-    ma = compiled.memory_analysis()
+    try:
+        ma = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):  # a backend without the analysis: no record
+        return None
     if ma is None:
         return None
     out = {"arguments": int(ma.argument_size_in_bytes), "outputs": int(ma.output_size_in_bytes),
