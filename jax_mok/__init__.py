@@ -8,9 +8,9 @@ The layers, bottom-up (docs/architecture.md): ``config``, ``params``, ``tuning``
 from jax_mok import ep, hf, optim, quantization, reference, routing, sharding, tuning
 from jax_mok.api import moe
 from jax_mok.config import MoEConfig
-from jax_mok.params import MoEParams, init_params, quantize_params
+from jax_mok.params import MoEParams, init_params
 from jax_mok.quantization import QuantizedWeight
-from jax_mok.quantization.weights import Fp8Weights, fp8_weights
+from jax_mok.quantization.weights import Fp8Weights, fp8_weights, quantize_params
 from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
 
 __version__ = "0.1.0"

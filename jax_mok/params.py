@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mok.config import MoEConfig
-from jax_mok.quantization import QuantizedWeight, check_recipe, check_weights
+from jax_mok.quantization import check_weights
 
 
 @jax.tree_util.register_dataclass
@@ -127,41 +127,3 @@ def validate(x, params) -> MoEConfig:
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"params.{name} must be floating point, got dtype {dtype}")
     return config
-
-
-def quantize_params(params, recipe: str, *, dtype=None, implementation: str | None = None):
-    """``params`` with its routed expert weights pre-quantized for inference and decode.
-
-    Returns a :class:`jax_mok.MoEParams` whose ``w_gate_up`` is a :class:`QuantizedWeight` along
-    H (stored ``[E, 2F, H]``) and ``w_down`` one along F (stored ``[E, H, F]``), the forward
-    layout of the FP8 layer, and whose config has ``quantization=recipe``. Router and shared
-    weights are unchanged. ``dtype``: cast the weights to it before quantizing; ``jax_mok.moe``
-    casts array weights to x's dtype before quantizing them, so pass x's dtype (or store the
-    params in it) for bitwise the same forward. Gradients through the result are refused.
-    ``implementation``: which quantizer, as in :func:`jax_mok.fp8_weights` — None (the CUDA
-    weight quantizer where the FP8 kernels run: one pass per weight, no transposed copy of it in
-    XLA; else the JAX one), ``"cuda"`` or ``"reference"``; both give the same bits.
-    """
-    if not isinstance(params, MoEParams):
-        raise TypeError(f"quantize_params: params must be a jax_mok.MoEParams, got "
-                        f"{type(params).__name__}")
-    check_recipe(recipe)
-    config = params.config
-    if config.quantization not in (None, recipe):
-        raise ValueError(f"quantize_params: recipe={recipe!r} but params.config.quantization="
-                         f"{config.quantization!r}; they must agree")
-    # Deferred: the CUDA quantizer's module imports the kernels' targets, which import this one.
-    from jax_mok.quantization import weights as fp8_weights_module
-
-    use_cuda = fp8_weights_module.quantizer_on_cuda(
-        implementation, config.hidden_size, config.ffn_size, config.num_experts,
-        "quantize_params")
-    weights = {}
-    for name in ("w_gate_up", "w_down"):
-        w = getattr(params, name)
-        if isinstance(w, QuantizedWeight):
-            raise ValueError(f"quantize_params: params.{name} is already a QuantizedWeight")
-        weights[name], _ = fp8_weights_module.quantize_expert_weight(
-            w if dtype is None else w.astype(dtype), recipe, False, use_cuda)
-    return dataclasses.replace(params, **weights,
-                               config=dataclasses.replace(config, quantization=recipe))

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mok.kernels import targets
+from jax_mok.params import MoEParams
 from jax_mok.quantization import cuda
 from jax_mok.quantization.blocks import QuantizedWeight
 from jax_mok.quantization.format import check_recipe
@@ -143,6 +144,41 @@ def fp8_weights(params, *, dtype=None, backward: bool = True,
     return Fp8Weights(gate_up, down, gate_up_t, down_t, recipe, dtype.name)
 
 
+def quantize_params(params, recipe: str, *, dtype=None, implementation: str | None = None):
+    """``params`` with its routed expert weights pre-quantized for inference and decode.
+
+    Returns a :class:`jax_mok.MoEParams` whose ``w_gate_up`` is a :class:`QuantizedWeight` along
+    H (stored ``[E, 2F, H]``) and ``w_down`` one along F (stored ``[E, H, F]``), the forward
+    layout of the FP8 layer, and whose config has ``quantization=recipe``. Router and shared
+    weights are unchanged. ``dtype``: cast the weights to it before quantizing; ``jax_mok.moe``
+    casts array weights to x's dtype before quantizing them, so pass x's dtype (or store the
+    params in it) for bitwise the same forward. Gradients through the result are refused.
+    ``implementation``: which quantizer, as in :func:`jax_mok.fp8_weights` — None (the CUDA
+    weight quantizer where the FP8 kernels run: one pass per weight, no transposed copy of it in
+    XLA; else the JAX one), ``"cuda"`` or ``"reference"``; both give the same bits.
+    """
+    if not isinstance(params, MoEParams):
+        raise TypeError(f"quantize_params: params must be a jax_mok.MoEParams, got "
+                        f"{type(params).__name__}")
+    check_recipe(recipe)
+    config = params.config
+    if config.quantization not in (None, recipe):
+        raise ValueError(f"quantize_params: recipe={recipe!r} but params.config.quantization="
+                         f"{config.quantization!r}; they must agree")
+    use_cuda = quantizer_on_cuda(
+        implementation, config.hidden_size, config.ffn_size, config.num_experts,
+        "quantize_params")
+    weights = {}
+    for name in ("w_gate_up", "w_down"):
+        w = getattr(params, name)
+        if isinstance(w, QuantizedWeight):
+            raise ValueError(f"quantize_params: params.{name} is already a QuantizedWeight")
+        weights[name], _ = quantize_expert_weight(
+            w if dtype is None else w.astype(dtype), recipe, False, use_cuda)
+    return dataclasses.replace(params, **weights,
+                               config=dataclasses.replace(config, quantization=recipe))
+
+
 def check_fp8_weights(prepared, config, x_dtype) -> None:
     """Raises TypeError / ValueError unless ``prepared`` (an :class:`Fp8Weights`) suits a call
     with ``config`` on x of ``x_dtype``."""
@@ -169,4 +205,4 @@ def check_fp8_weights(prepared, config, x_dtype) -> None:
 
 
 __all__ = ["Fp8Weights", "check_fp8_weights", "fp8_weights", "quantize_expert_weight",
-           "quantizer_on_cuda"]
+           "quantize_params", "quantizer_on_cuda"]
