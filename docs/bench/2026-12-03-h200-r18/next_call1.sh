@@ -1,6 +1,6 @@
 #!/bin/bash
-# The next session's first device call (written in r18), carry [".device/ext-dev", ".device/ext-x1",
-# ".device/ext-x3", ".device/ext-x4"]: where the FP8 mainloop's stage time goes (r18: 1.28-1.30 us
+# The next session's first device call (written in r18), carry [".device/ext-dev", ".device/ext-q",
+# ".device/ext-x1", ".device/ext-x3", ".device/ext-x4"]: a candidate fix, and where the FP8 mainloop's stage time goes (r18: 1.28-1.30 us
 # per 128-K stage, 61-62 % of the FP8 ceiling, while BF16's stage with the same bytes is 0.82-0.90
 # us). Timing-only diagnostic builds (wrong values; never merged; patches beside this script):
 #   ext-x1  fp8_diag1_nopromo.patch: no promotion; each half accumulates over all K in the tensor
@@ -10,6 +10,11 @@
 #           as 256 contiguous rows): the feed at BF16's wgmma shape
 #   ext-x4  fp8_diag4_drain_only.patch: main's loop, each group's drain kept, its promotion (scale
 #           loads, FFMAs) left out except at the tile's last stage
+#   ext-q   fp8_quarters.patch, the candidate (correct values, expected bitwise equal to main):
+#           fp8_block stages as four n64 quarters into two alternating 32-float tiles, each
+#           quarter promoted while the next runs (one drain per stage instead of two; ptxas
+#           clean). Predicted: fp8_block GEMM phases -10 to -20 % if the drains are the loss,
+#           worse if re-reading A four times per stage costs more shared-memory bandwidth.
 # Readout (S1, S2 fp8_block GEMM phases against ext-dev): dev - x4 = the promotion's FFMA/LDS;
 # x4 - x1 = the drains; x1 - x3 = n128 halves against n256. Predicted: x1 near BF16's per-stage
 # time (GEMM phases -25..-35 %), x4 between, x3 a little under x1.
@@ -18,9 +23,12 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-q" \
+  tools/gpu_round.sh ab > $OUT/round_ab.log 2>&1
+grep -h "outputs bitwise\|differ" $OUT/round_ab.log | tail -3
 OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev \
-  AB_DEV=".device/ext-x1 .device/ext-x3 .device/ext-x4" AB_SHAPES=S1,S2 AB_QUANT=fp8_block \
-  PROFILE_TIMEOUT=90 tools/gpu_round.sh profab > $OUT/round.log 2>&1
+  AB_DEV=".device/ext-q .device/ext-x1 .device/ext-x3 .device/ext-x4" AB_SHAPES=S1,S2 \
+  AB_QUANT=fp8_block PROFILE_TIMEOUT=90 tools/gpu_round.sh profab > $OUT/round.log 2>&1
 grep -hE "fp8 .*GEMM|total" $OUT/profab_*.txt
 cp .device/ext-dev/_mok_c*.so jax_mok/
 mkdir -p /tmp/n
@@ -34,7 +42,6 @@ prof() {  # prof LABEL SHAPE QUANT KERNEL_REGEX
   grep -E "fp8_gemm_kernel|wgmma_gemm_kernel|^    Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Shared Memory|Tensor" /tmp/n/$1.txt | cut -c1-150 | head -40
 }
 prof fp8_S1 S1 fp8_block fp8_gemm_kernel
-prof bf16_S1 S1 none wgmma_gemm_kernel
 (cd /tmp/n && tar czf $OUT/ncu.tgz *.txt *.csv *.log)
 # The whole single-GPU suite on main's kernels: r18's CPU commits after d9a9058 (quantize_params
 # through the CUDA weight quantizer, with its new GPU bit test in tests/test_cuda_fp8_weights.py;
@@ -43,5 +50,6 @@ OUT=$OUT/suite EXT_DIR=.device/ext-dev SUITE_TIMEOUT=240 tools/gpu_round.sh suit
   > $OUT/suite_round.log 2>&1
 tail -4 $OUT/suite/summary.txt
 # At most 8 files come back: the rest in one archive.
-(cd $OUT && tar czf rest.tgz --remove-files round.log suite suite_round.log machine.txt logs.tgz)
+(cd $OUT && tar czf rest.tgz --remove-files round.log round_ab.log suite suite_round.log \
+  machine.txt logs.tgz)
 ls $OUT
