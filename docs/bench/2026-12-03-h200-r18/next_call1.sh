@@ -11,10 +11,11 @@
 #   ext-x4  fp8_diag4_drain_only.patch: main's loop, each group's drain kept, its promotion (scale
 #           loads, FFMAs) left out except at the tile's last stage
 #   ext-q   fp8_quarters.patch, the candidate (correct values, expected bitwise equal to main):
-#           fp8_block stages as four n64 quarters into two alternating 32-float tiles, each
-#           quarter promoted while the next runs (one drain per stage instead of two; ptxas
-#           clean). Predicted: fp8_block GEMM phases -10 to -20 % if the drains are the loss,
-#           worse if re-reading A four times per stage costs more shared-memory bandwidth.
+#           each stage as four n64 quarters into two alternating 32-float tiles, each promotion
+#           group promoted while the next runs (one drain per stage instead of one per group:
+#           fp8_block 2 -> 1, mxfp8 8 -> 1; ptxas clean). Predicted: fp8_block GEMM phases -10
+#           to -20 %, mxfp8 -20 to -40 %, if the drains are the loss; worse if re-reading A
+#           four times per stage costs more shared-memory bandwidth than the drains did.
 # Readout (S1, S2 fp8_block GEMM phases against ext-dev): dev - x4 = the promotion's FFMA/LDS;
 # x4 - x1 = the drains; x1 - x3 = n128 halves against n256. Predicted: x1 near BF16's per-stage
 # time (GEMM phases -25..-35 %), x4 between, x3 a little under x1.
@@ -29,6 +30,10 @@ grep -h "outputs bitwise\|differ" $OUT/round_ab.log | tail -3
 OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev \
   AB_DEV=".device/ext-q .device/ext-x1 .device/ext-x3 .device/ext-x4" AB_SHAPES=S1,S2 \
   AB_QUANT=fp8_block PROFILE_TIMEOUT=90 tools/gpu_round.sh profab > $OUT/round.log 2>&1
+OUT=$OUT/mx EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-q" \
+  AB_SHAPES=S1,S2 AB_QUANT=mxfp8 PROFILE_TIMEOUT=90 tools/gpu_round.sh profab \
+  > $OUT/round_mx.log 2>&1
+cp $OUT/mx/profab_ext-q_mxfp8.txt $OUT/
 grep -hE "fp8 .*GEMM|total" $OUT/profab_*.txt
 cp .device/ext-dev/_mok_c*.so jax_mok/
 mkdir -p /tmp/n
@@ -50,6 +55,6 @@ OUT=$OUT/suite EXT_DIR=.device/ext-dev SUITE_TIMEOUT=240 tools/gpu_round.sh suit
   > $OUT/suite_round.log 2>&1
 tail -4 $OUT/suite/summary.txt
 # At most 8 files come back: the rest in one archive.
-(cd $OUT && tar czf rest.tgz --remove-files round.log round_ab.log suite suite_round.log \
-  machine.txt logs.tgz)
+(cd $OUT && tar czf rest.tgz --remove-files round.log round_ab.log round_mx.log mx suite \
+  suite_round.log machine.txt logs.tgz)
 ls $OUT
