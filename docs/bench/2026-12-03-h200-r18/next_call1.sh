@@ -1,6 +1,6 @@
 #!/bin/bash
 # The next session's first device call (written in r18), carry [".device/ext-dev", ".device/ext-q",
-# ".device/ext-x1", ".device/ext-x3", ".device/ext-x4"]: a candidate fix, and where the FP8 mainloop's stage time goes (r18: 1.28-1.30 us
+# ".device/ext-qrs", ".device/ext-x1", ".device/ext-x3", ".device/ext-x4"]: a candidate fix, and where the FP8 mainloop's stage time goes (r18: 1.28-1.30 us
 # per 128-K stage, 61-62 % of the FP8 ceiling, while BF16's stage with the same bytes is 0.82-0.90
 # us). Timing-only diagnostic builds (wrong values; never merged; patches beside this script):
 #   ext-x1  fp8_diag1_nopromo.patch: no promotion; each half accumulates over all K in the tensor
@@ -16,29 +16,42 @@
 #           fp8_block 2 -> 1, mxfp8 8 -> 1; ptxas clean). Predicted: fp8_block GEMM phases -10
 #           to -20 %, mxfp8 -20 to -40 %, if the drains are the loss; worse if re-reading A
 #           four times per stage costs more shared-memory bandwidth than the drains did.
+#   ext-qrs fp8_quarters_rs.patch: ext-q with A from registers (RS wgmma: the warpgroup's A stage
+#           loaded once per stage by ldmatrix, read by all four quarters; 168 registers, no
+#           spills). Also expected bitwise equal; the fix if ext-q is shared-memory bound.
 # Readout (S1, S2 fp8_block GEMM phases against ext-dev): dev - x4 = the promotion's FFMA/LDS;
 # x4 - x1 = the drains; x1 - x3 = n128 halves against n256. Predicted: x1 near BF16's per-stage
 # time (GEMM phases -25..-35 %), x4 between, x3 a little under x1.
-# Then ncu --set full of ext-dev's S1 forward GEMMs (fp8_block, and bf16) with per-SASS stall
-# samples (tools/ncu_sass.py reads *_sass.csv), as r12's call 1.
+# Then the whole suite (this session's CPU commits), and, if the call has time left, ncu --set
+# full of ext-dev's S1 fp8_block forward GEMMs with per-SASS stall samples (tools/ncu_sass.py
+# reads *_sass.csv), as r12's call 1. Returns profab_all.md, summary.txt, ncu.tgz, rest.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-q" \
+OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-q .device/ext-qrs" \
   tools/gpu_round.sh ab > $OUT/round_ab.log 2>&1
 grep -h "outputs bitwise\|differ" $OUT/round_ab.log | tail -3
 OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev \
-  AB_DEV=".device/ext-q .device/ext-x1 .device/ext-x3 .device/ext-x4" AB_SHAPES=S1,S2 \
+  AB_DEV=".device/ext-q .device/ext-qrs .device/ext-x1 .device/ext-x3 .device/ext-x4" AB_SHAPES=S1,S2 \
   AB_QUANT=fp8_block PROFILE_TIMEOUT=90 tools/gpu_round.sh profab > $OUT/round.log 2>&1
-OUT=$OUT/mx EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-q" \
+OUT=$OUT/mx EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-q .device/ext-qrs" \
   AB_SHAPES=S1,S2 AB_QUANT=mxfp8 PROFILE_TIMEOUT=90 tools/gpu_round.sh profab \
   > $OUT/round_mx.log 2>&1
-cp $OUT/mx/profab_ext-q_mxfp8.txt $OUT/
+cp $OUT/mx/profab_*_mxfp8.txt $OUT/
 grep -hE "fp8 .*GEMM|total" $OUT/profab_*.txt
+(cd $OUT && for f in profab_*.txt; do echo "## $f"; cat "$f"; done > profab_all.md && rm profab_*.txt)
+# The whole single-GPU suite on main's kernels: r18's CPU commits after d9a9058 (quantize_params
+# through the CUDA weight quantizer, with its new GPU bit test in tests/test_cuda_fp8_weights.py;
+# the harness's AOT-compiled timed programs) are untested on a GPU until this passes.
+OUT=$OUT/suite EXT_DIR=.device/ext-dev SUITE_TIMEOUT=240 tools/gpu_round.sh suite \
+  > $OUT/suite_round.log 2>&1
+tail -4 $OUT/suite/summary.txt
+# ncu only if the call has time left (the 600-s limit): r12's counters are the fallback.
+if [ $SECONDS -lt 420 ]; then
 cp .device/ext-dev/_mok_c*.so jax_mok/
 mkdir -p /tmp/n
 prof() {  # prof LABEL SHAPE QUANT KERNEL_REGEX
-  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD timeout 150 ncu --clock-control none \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD timeout 120 ncu --clock-control none \
     --set full --import-source no -k "regex:$4" --launch-count 2 -f -o /tmp/n/$1 \
     python3 tools/kernel_timings.py forward --shapes $2 --quantization $3 > /tmp/n/$1.log 2>&1
   echo "ncu $1 rc=$?"; tail -3 /tmp/n/$1.log
@@ -48,12 +61,7 @@ prof() {  # prof LABEL SHAPE QUANT KERNEL_REGEX
 }
 prof fp8_S1 S1 fp8_block fp8_gemm_kernel
 (cd /tmp/n && tar czf $OUT/ncu.tgz *.txt *.csv *.log)
-# The whole single-GPU suite on main's kernels: r18's CPU commits after d9a9058 (quantize_params
-# through the CUDA weight quantizer, with its new GPU bit test in tests/test_cuda_fp8_weights.py;
-# the harness's AOT-compiled timed programs) are untested on a GPU until this passes.
-OUT=$OUT/suite EXT_DIR=.device/ext-dev SUITE_TIMEOUT=240 tools/gpu_round.sh suite \
-  > $OUT/suite_round.log 2>&1
-tail -4 $OUT/suite/summary.txt
+fi
 # At most 8 files come back: the rest in one archive.
 (cd $OUT && tar czf rest.tgz --remove-files round.log round_ab.log round_mx.log mx suite \
   suite_round.log machine.txt logs.tgz)
