@@ -1,6 +1,8 @@
 #!/bin/bash
-# The next session's first device call (written in r18), carry [".device/ext-dev", ".device/ext-q",
-# ".device/ext-qrs", ".device/ext-x1", ".device/ext-x3", ".device/ext-x4"]: a candidate fix, and where the FP8 mainloop's stage time goes (r18: 1.28-1.30 us
+# The next session's first device call (written in r18), carry [".device/r19-exts.tar.xz"] (the six
+# builds below, xz: 7 MB instead of 67 over the 64-MiB carry limit; unpacked into .device/ first;
+# rebuild with `tar cJf .device/r19-exts.tar.xz -C .device ext-dev ext-q ext-qrs ext-x1 ext-x3
+# ext-x4`): candidate fixes, and where the FP8 mainloop's stage time goes (r18: 1.28-1.30 us
 # per 128-K stage, 61-62 % of the FP8 ceiling, while BF16's stage with the same bytes is 0.82-0.90
 # us). Timing-only diagnostic builds (wrong values; never merged; patches beside this script):
 #   ext-x1  fp8_diag1_nopromo.patch: no promotion; each half accumulates over all K in the tensor
@@ -26,6 +28,7 @@
 # full of ext-dev's S1 fp8_block forward GEMMs with per-SASS stall samples (tools/ncu_sass.py
 # reads *_sass.csv), as r12's call 1. Returns profab_all.md, summary.txt, ncu.tgz, rest.tgz.
 set -uo pipefail
+tar xJf .device/r19-exts.tar.xz -C .device
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-q .device/ext-qrs" \
