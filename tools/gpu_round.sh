@@ -22,8 +22,9 @@
 #   fp8w     the expert-weight quantizer's bit tests and tests/test_fp8_weights.py (fp8_weights on
 #            the CUDA path: values and gradients equal the plain call's)
 #   quant    tools/kernel_timings.py quantizers (the CUDA quantizers' GB/s against the HBM copy)
-#   ncu      ncu (SpeedOfLight, WarpStateStats, SchedulerStats, MemoryWorkload) of the FP8 GEMMs of
-#            one forward of NCU_SHAPE (S2), NCU_TIMEOUT (150 s)
+#   ncu      ncu's full set (source counters included) of NCU_COUNT (2) launches of NCU_KERNEL
+#            (fp8_gemm_kernel; wgmma_gemm_kernel for bf16) in one forward of NCU_SHAPE (S2) in
+#            NCU_RECIPE (fp8_block, or none), NCU_TIMEOUT (150 s): details and per-SASS CSV logs
 #   ab       builds bitwise (tools/compare_builds.py): AB_BASE's extension against each of AB_DEV's
 #            (a space-separated list; default .device/ext-base, .device/ext-dev), each in its own
 #            process
@@ -149,11 +150,20 @@ for s in ${STEPS//,/ }; do
         --shapes ${QUANT_SHAPES:-S1,S2,S4} --quantization ${QUANT_RECIPES:-fp8_block,mxfp8}
       ;;
     ncu)
-      TAIL=60 run ncu ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:fp8_gemm \
-        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-        --section MemoryWorkloadAnalysis --section LaunchStats \
-        python3 tools/kernel_timings.py forward --shapes ${NCU_SHAPE:-S2} \
-        --quantization ${NCU_RECIPE:-fp8_block}
+      # JAX without a preallocated pool (ncu saves and restores the device memory in use on
+      # every replay pass), one forward that exits, the report exported and read back: with a
+      # preallocating JAX over a long program the process did not exit and nothing came back.
+      n=ncu_${NCU_SHAPE:-S2}_${NCU_RECIPE:-fp8_block}
+      XLA_PYTHON_CLIENT_PREALLOCATE=false TAIL=3 run "$n" ${NCU_TIMEOUT:-150} ncu \
+        --clock-control none --set full --import-source no -k "regex:${NCU_KERNEL:-fp8_gemm_kernel}" \
+        --launch-count ${NCU_COUNT:-2} -f -o "/tmp/$n" python3 tools/kernel_timings.py forward \
+        --shapes ${NCU_SHAPE:-S2} --quantization ${NCU_RECIPE:-fp8_block}
+      ncu --import "/tmp/$n.ncu-rep" --print-details all > "$OUT/${n}_details.log" 2>&1
+      # per-SASS stall samples, CSV (tools/ncu_sass.py)
+      ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass \
+        > "$OUT/${n}_sass.log" 2>&1
+      grep -E "_gemm_kernel|^    Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Shared Memory|Tensor" \
+        "$OUT/${n}_details.log" | cut -c1-150 | head -40
       ;;
     unit)
       JAX_MOK_REQUIRE_CUDA=1 run unit_tests ${UNIT_TIMEOUT:-300} $PYTEST tests/test_cuda_kernels.py \

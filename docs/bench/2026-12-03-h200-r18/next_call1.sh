@@ -25,8 +25,9 @@
 # x4 - x1 = the drains; x1 - x3 = n128 halves against n256. Predicted: x1 near BF16's per-stage
 # time (GEMM phases -25..-35 %), x4 between, x3 a little under x1.
 # Then the whole suite (this session's CPU commits), and, if the call has time left, ncu --set
-# full of ext-dev's S1 fp8_block forward GEMMs with per-SASS stall samples (tools/ncu_sass.py
-# reads *_sass.csv), as r12's call 1. Returns profab_all.md, summary.txt, ncu.tgz, rest.tgz.
+# full of ext-dev's S1 fp8_block forward GEMMs with per-SASS stall samples (tools/gpu_round.sh
+# ncu, r12's call 1 recipe; tools/ncu_sass.py reads the *_sass.log in ncu.tgz's logs.tgz).
+# Returns profab_all.md, summary.txt, ncu.tgz, rest.tgz.
 set -uo pipefail
 tar xJf .device/r19-exts.tar.xz -C .device
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 \
@@ -51,19 +52,9 @@ OUT=$OUT/suite EXT_DIR=.device/ext-dev SUITE_TIMEOUT=240 tools/gpu_round.sh suit
 tail -4 $OUT/suite/summary.txt
 # ncu only if the call has time left (the 600-s limit): r12's counters are the fallback.
 if [ $SECONDS -lt 420 ]; then
-cp .device/ext-dev/_mok_c*.so jax_mok/
-mkdir -p /tmp/n
-prof() {  # prof LABEL SHAPE QUANT KERNEL_REGEX
-  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD timeout 120 ncu --clock-control none \
-    --set full --import-source no -k "regex:$4" --launch-count 2 -f -o /tmp/n/$1 \
-    python3 tools/kernel_timings.py forward --shapes $2 --quantization $3 > /tmp/n/$1.log 2>&1
-  echo "ncu $1 rc=$?"; tail -3 /tmp/n/$1.log
-  ncu --import /tmp/n/$1.ncu-rep --print-details all > /tmp/n/$1.txt 2>&1
-  ncu --import /tmp/n/$1.ncu-rep --page source --csv --print-source sass > /tmp/n/$1_sass.csv 2>&1
-  grep -E "fp8_gemm_kernel|wgmma_gemm_kernel|^    Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Shared Memory|Tensor" /tmp/n/$1.txt | cut -c1-150 | head -40
-}
-prof fp8_S1 S1 fp8_block fp8_gemm_kernel
-(cd /tmp/n && tar czf $OUT/ncu.tgz *.txt *.csv *.log)
+  OUT=$OUT/ncu EXT_DIR=.device/ext-dev NCU_SHAPE=S1 NCU_TIMEOUT=120 tools/gpu_round.sh ncu \
+    > $OUT/ncu_round.log 2>&1
+  (cd $OUT && tar czf ncu.tgz --remove-files ncu ncu_round.log)
 fi
 # At most 8 files come back: the rest in one archive.
 (cd $OUT && tar czf rest.tgz --remove-files round.log round_ab.log round_mx.log mx suite \
