@@ -120,11 +120,11 @@ def bf16_bytes_per_expert(shape, dtype) -> float:
     return 3 * shape.hidden * shape.ffn * jnp.dtype(dtype).itemsize
 
 
-def fp8_path(jitted, args: tuple, platform: str) -> tuple[str, str | None]:
-    """``(path, reason)``: "kernels" when the lowered program calls the FP8 custom calls, else
-    "pure-jax" with, on a GPU, the reason the row is not jax_mok's kernels (None on the CPU,
-    whose FP8 backend is the pure-JAX layer by design)."""
-    targets = mok_internals.fp8_kernel_targets(jitted.lower(*args).as_text())
+def fp8_path(lowered, platform: str) -> tuple[str, str | None]:
+    """``(path, reason)`` of a lowered program: "kernels" when it calls the FP8 custom calls,
+    else "pure-jax" with, on a GPU, the reason the row is not jax_mok's kernels (None on the
+    CPU, whose FP8 backend is the pure-JAX layer by design)."""
+    targets = mok_internals.fp8_kernel_targets(lowered.as_text())
     if targets:
         return "kernels: " + ", ".join(targets), None
     if platform == "cpu":
