@@ -34,7 +34,10 @@ LIGER_DS_TOLERANCE = 5e-2
 class Impl:
     """``family``: "jax" (jax_mok, B1, B2), "torch" (B3, B3-fp8) or "liger" (B6).
     ``precision``: "bf16" (the GEMMs in x's dtype) or "fp8"; ``recipe``: the FP8 recipe of a
-    jax_mok FP8 row; ``prequantized``: weights quantized once outside the timed call.
+    jax_mok FP8 row; ``prequantized``: weights quantized once outside the timed call
+    (``jax_mok.quantize_params``, inference); ``prepared``: bf16 master weights plus their FP8
+    layouts made once outside the timed call by ``jax_mok.fp8_weights`` (a micro-batch of a
+    step that quantizes its weights once: gradients still reach the master weights).
     ``tolerance``: per probed output, overriding ``testing.tolerance(dtype)`` (FP8 rows:
     :func:`tolerances`)."""
 
@@ -46,6 +49,7 @@ class Impl:
     passes: tuple[str, ...] = ("fwd", "fwdbwd")
     tolerance: dict | None = None
     description: str = ""
+    prepared: bool = False
 
     @property
     def peer(self) -> bool:
@@ -62,6 +66,12 @@ IMPLS: dict[str, Impl] = {i.name: i for i in (
          description="FP8 128-block, weights pre-quantized by jax_mok.quantize_params"),
     Impl("jax_mok-mxfp8-pq", "jax", "fp8", "mxfp8", True, ("fwd",),
          description="MXFP8, weights pre-quantized by jax_mok.quantize_params"),
+    Impl("jax_mok-fp8_block-prep", "jax", "fp8", "fp8_block", prepared=True,
+         description="FP8 128-block, weight layouts from jax_mok.fp8_weights made once outside "
+                     "the timed call (the cost of a micro-batch)"),
+    Impl("jax_mok-mxfp8-prep", "jax", "fp8", "mxfp8", prepared=True,
+         description="MXFP8, weight layouts from jax_mok.fp8_weights made once outside the timed "
+                     "call (the cost of a micro-batch)"),
     Impl("B1", "jax", description="jax_mok.reference: sort + XLA ragged_dot"),
     Impl("B2", "jax", description="XLA dense: sort, pad every expert to the max count, einsum"),
     Impl("B3", "torch", description="PyTorch: gather, torch._grouped_mm, SwiGLU, index_add_"),
@@ -74,7 +84,8 @@ IMPLS: dict[str, Impl] = {i.name: i for i in (
 # Run order inside a (routing, pass) group: torch first while JAX's memory pool is still small,
 # then ours, then the XLA peers; the report's column order follows this tuple too.
 RUN_ORDER = ("B3", "B3-fp8", "jax_mok", "jax_mok-fp8_block", "jax_mok-mxfp8",
-             "jax_mok-fp8_block-pq", "jax_mok-mxfp8-pq", "B6", "B2", "B1")
+             "jax_mok-fp8_block-prep", "jax_mok-mxfp8-prep", "jax_mok-fp8_block-pq",
+             "jax_mok-mxfp8-pq", "B6", "B2", "B1")
 assert set(RUN_ORDER) == set(IMPLS)
 # Run after every group of a shape, in this order (worker.shape_items): B6, whose first call
 # runs Liger's autotune for minutes where benchmarks/b6_configs.json has no record of the shape
@@ -85,8 +96,8 @@ RUN_LAST = ("B6", "B1")
 GROUPS = {
     "all": RUN_ORDER,
     "bf16": ("jax_mok", "B1", "B2", "B3", "B6"),
-    "fp8": ("jax_mok-fp8_block", "jax_mok-mxfp8", "jax_mok-fp8_block-pq", "jax_mok-mxfp8-pq",
-            "B3-fp8"),
+    "fp8": ("jax_mok-fp8_block", "jax_mok-mxfp8", "jax_mok-fp8_block-prep", "jax_mok-mxfp8-prep",
+            "jax_mok-fp8_block-pq", "jax_mok-mxfp8-pq", "B3-fp8"),
     "peers": tuple(n for n in RUN_ORDER if IMPLS[n].peer),
 }
 

@@ -1,6 +1,6 @@
-"""The JAX implementations: jax_mok (FFI kernels, bf16), its FP8 rows (``jax_mok-<recipe>`` and
-``jax_mok-<recipe>-pq``), B1 (jax_mok.reference, ragged_dot) and B2 (XLA dense: sort by expert,
-pad every expert to the max count, batched einsum).
+"""The JAX implementations: jax_mok (FFI kernels, bf16), its FP8 rows (``jax_mok-<recipe>``,
+``jax_mok-<recipe>-prep`` and ``jax_mok-<recipe>-pq``), B1 (jax_mok.reference, ragged_dot) and
+B2 (XLA dense: sort by expert, pad every expert to the max count, batched einsum).
 
 Each is a function ``(x [T, H], ids [T, k], topk_weights [T, k], w_gate_up, w_down) -> y [T, H]``;
 :func:`forward_fn` / :func:`forward_backward_fn` jit its forward or its forward+backward.
@@ -55,23 +55,33 @@ def routed_fn(impl: str, *, capacity: int | None = None) -> Callable:
     return functools.partial(dense_padded_experts, capacity=capacity)
 
 
-def forward_fn(fn: Callable):
-    """jit of ``(x, ids, w, w_gate_up, w_down, dy) -> y``; dy is ignored (uniform signature)."""
+def forward_fn(fn: Callable, prepared: bool = False):
+    """jit of ``(x, ids, w, w_gate_up, w_down, dy) -> y``; dy is ignored (uniform signature).
+    ``prepared``: the program takes ``jax_mok.fp8_weights``' layouts after ``w_down`` and passes
+    them to ``fn`` as ``prepared``."""
+    if prepared:
+        return jax.jit(lambda x, ids, tw, gu, d, prep, dy: fn(x, ids, tw, gu, d, prepared=prep))
     return jax.jit(lambda x, ids, tw, gu, d, dy: fn(x, ids, tw, gu, d))
 
 
-def forward_backward_fn(fn: Callable):
+def forward_backward_fn(fn: Callable, prepared: bool = False):
     """jit of ``(x, ids, w, w_gate_up, w_down, dy) -> (y, (dx, d_w, d_w_gate_up, d_w_down))``.
 
     The vjp with the random cotangent ``dy``: the gradients of ``sum(y * dy)`` w.r.t. x, the
     routing weights and both expert weights, and y itself (a training step needs both).
+    ``prepared``: as in :func:`forward_fn`; the layouts get no cotangent (the weight gradients
+    are the master weights').
     """
 
-    def step(x, ids, tw, w_gate_up, w_down, dy):
-        y, vjp = jax.vjp(lambda x, tw, a, b: fn(x, ids, tw, a, b), x, tw, w_gate_up, w_down)
+    def grads(x, ids, tw, w_gate_up, w_down, dy, **extra):
+        y, vjp = jax.vjp(lambda x, tw, a, b: fn(x, ids, tw, a, b, **extra), x, tw, w_gate_up,
+                         w_down)
         return y, vjp(dy)
 
-    return jax.jit(step)
+    if prepared:
+        return jax.jit(lambda x, ids, tw, gu, d, prep, dy: grads(x, ids, tw, gu, d, dy,
+                                                                 prepared=prep))
+    return jax.jit(grads)
 
 
 def _experts_per_chunk(w_gate_up: jax.Array) -> int:
@@ -106,6 +116,20 @@ def prequantize(w_gate_up: jax.Array, w_down: jax.Array, recipe: str):
     ``jax_mok.quantize_params`` makes of them (it quantizes each expert on its own, so groups of
     experts at a time give the same bits)."""
     return _prequantize(w_gate_up, w_down, recipe, _experts_per_chunk(w_gate_up))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def prepare(w_gate_up: jax.Array, w_down: jax.Array, recipe: str):
+    """``jax_mok.fp8_weights`` of ``(w_gate_up, w_down)`` for ``recipe``: every FP8 layout the
+    layer reads, forward and backward, made by the layer's own quantizer (the CUDA one where the
+    FP8 kernels run)."""
+    E, H, two_f = w_gate_up.shape
+    config = jax_mok.MoEConfig(num_experts=E, top_k=1, hidden_size=H, ffn_size=two_f // 2,
+                               quantization=recipe)
+    params = jax_mok.MoEParams(
+        router=jnp.zeros((H, E), jnp.float32), router_bias=None, w_gate_up=w_gate_up,
+        w_down=w_down, shared_gate_up=None, shared_down=None, config=config)
+    return jax_mok.fp8_weights(params)
 
 
 def quantized_bytes_per_expert(weights) -> float:

@@ -10,6 +10,7 @@ from benchmarks import roofline
 from benchmarks.impls import FP8_ACCURACY_TARGET, IMPLS, RUN_ORDER
 
 COLORS = {"jax_mok": "tab:blue", "jax_mok-fp8_block": "navy", "jax_mok-mxfp8": "royalblue",
+          "jax_mok-fp8_block-prep": "slateblue", "jax_mok-mxfp8-prep": "mediumpurple",
           "jax_mok-fp8_block-pq": "darkcyan", "jax_mok-mxfp8-pq": "cadetblue",
           "B1": "tab:orange", "B2": "tab:green", "B3": "tab:red", "B3-fp8": "darkred",
           "B6": "tab:purple"}

@@ -12,8 +12,9 @@ Examples:
   python -m benchmarks.run --quick --shapes S6 --scale-tokens 0.02 --scale-model 0.0625  # CPU
 
 Implementations (``--impls``, names or groups): jax_mok, jax_mok-fp8_block, jax_mok-mxfp8,
-jax_mok-fp8_block-pq, jax_mok-mxfp8-pq (forward only), B1, B2, B3, B3-fp8, B6; groups all, bf16,
-fp8, peers (benchmarks/impls.py).
+jax_mok-fp8_block-prep, jax_mok-mxfp8-prep (weight layouts from jax_mok.fp8_weights, made before
+timing), jax_mok-fp8_block-pq, jax_mok-mxfp8-pq (forward only), B1, B2, B3, B3-fp8, B6; groups
+all, bf16, fp8, peers (benchmarks/impls.py).
 """
 
 from __future__ import annotations

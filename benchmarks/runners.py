@@ -39,7 +39,7 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
         record["b2_capacity"] = capacity
     fn = peers_jax.routed_fn(impl.name, capacity=capacity)
     make = peers_jax.forward_fn if item["pass"] == "fwd" else peers_jax.forward_backward_fn
-    jitted = make(fn)
+    jitted = make(fn, prepared=impl.prepared)
     probe = sr.probes[item["routing"]]
     s0 = problem.sets[0]
     # Lowered once, before anything is quantized (pre-quantized weights as their shapes): the FP8
@@ -48,6 +48,9 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
     if impl.prequantized:
         weights0 = jax.eval_shape(
             functools.partial(peers_jax.prequantize, recipe=impl.recipe), *weights0)
+    elif impl.prepared:
+        weights0 = (*weights0, jax.eval_shape(
+            functools.partial(peers_jax.prepare, recipe=impl.recipe), *weights0))
     lowered = jitted.lower(s0.x, s0.ids, s0.weights, *weights0, probe.dy_check)
     if impl.precision == "fp8":
         path, reason = peers_jax.fp8_path(lowered, sr.platform)
@@ -55,17 +58,25 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
         if reason is not None and not tuning.read("JAX_MOK_BENCH_FP8_PURE_JAX"):
             return _unavailable(record, reason)
     weights = [(s.w_gate_up, s.w_down) for s in problem.sets]
-    if impl.prequantized:
+    if impl.prequantized or impl.prepared:
         start = time.perf_counter()
         quantized: dict[int, tuple] = {}  # one copy per distinct weight array
         for s in problem.sets:
-            if id(s.w_gate_up) not in quantized:
+            if id(s.w_gate_up) in quantized:
+                continue
+            if impl.prequantized:
                 quantized[id(s.w_gate_up)] = peers_jax.prequantize(s.w_gate_up, s.w_down,
                                                                    impl.recipe)
+            else:  # the master weights stay arguments: the gradients are theirs
+                quantized[id(s.w_gate_up)] = (s.w_gate_up, s.w_down, peers_jax.prepare(
+                    s.w_gate_up, s.w_down, impl.recipe))
         weights = [quantized[id(s.w_gate_up)] for s in problem.sets]
         jax.block_until_ready(weights)
         record["prequantize_s"] = time.perf_counter() - start
-        record["weight_bytes_per_expert"] = peers_jax.quantized_bytes_per_expert(weights[0])
+        # the FP8 bytes a pass reads per expert (the forward's two layouts; the backward's two
+        # are the same size); a prepared row's gradients are still the master weights' dtype
+        record["weight_bytes_per_expert"] = peers_jax.quantized_bytes_per_expert(
+            weights[0] if impl.prequantized else (weights[0][2].gate_up, weights[0][2].down))
 
     def args(i: int, dy) -> tuple:
         s = problem.sets[i % len(problem.sets)]

@@ -32,7 +32,7 @@ def _torch():
 
 def test_quick_cpu_run_of_the_fp8_rows_and_new_peers(tmp_path):
     out = tmp_path / "bench"
-    impls = "jax_mok,jax_mok-fp8_block,jax_mok-mxfp8-pq,B3-fp8,B6"
+    impls = "jax_mok,jax_mok-fp8_block,jax_mok-fp8_block-prep,jax_mok-mxfp8-pq,B3-fp8,B6"
     cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--shapes", "S6", "--routing",
            "balanced", "--passes", "fwd,fwdbwd", "--impls", impls, "--scale-tokens", "0.02",
            "--scale-model", "0.0625", "--iters", "2", "--budget-s", "150", "--out", str(out)]
@@ -49,7 +49,8 @@ def test_quick_cpu_run_of_the_fp8_rows_and_new_peers(tmp_path):
     ceilings = result["ceilings"]
     assert ceilings["matmul_tflops"] > 0 and ceilings["fp8_matmul_tflops"] > 0
     for key in (("jax_mok", "fwd"), ("jax_mok", "fwdbwd"), ("jax_mok-fp8_block", "fwd"),
-                ("jax_mok-fp8_block", "fwdbwd"), ("jax_mok-mxfp8-pq", "fwd")):
+                ("jax_mok-fp8_block", "fwdbwd"), ("jax_mok-fp8_block-prep", "fwd"),
+                ("jax_mok-fp8_block-prep", "fwdbwd"), ("jax_mok-mxfp8-pq", "fwd")):
         r = records[key]
         assert r["status"] == "ok", f"{key}: {r['status']} {r.get('reason')}"
         assert r["check"]["passed"] and 0 < r["pct_roofline"] and r["roofline_ms"] > 0
@@ -63,6 +64,11 @@ def test_quick_cpu_run_of_the_fp8_rows_and_new_peers(tmp_path):
     bf16_bytes = records[("jax_mok", "fwd")]["weight_bytes_per_expert"]
     # E4M3 values (1 byte) + one E8M0 scale per 32 elements: ~half the bf16 bytes
     assert pq["weight_bytes_per_expert"] == pytest.approx(bf16_bytes / 2 * (1 + 1 / 32), rel=0.05)
+    # the prepared rows take bf16 master weights and fp8_weights' layouts made before timing;
+    # their gradients are the master weights' (checked against the reference above)
+    prep = records[("jax_mok-fp8_block-prep", "fwdbwd")]
+    assert prep["prequantize_s"] > 0
+    assert prep["weight_bytes_per_expert"] == pytest.approx(bf16_bytes / 2, rel=0.05)
     assert records[("B6", "fwd")]["status"] == "unavailable"
     assert "CUDA" in records[("B6", "fwd")]["reason"]
     b3 = records[("B3-fp8", "fwd")]
@@ -112,6 +118,7 @@ def test_implementation_table_and_items():
     from benchmarks import impls, worker
 
     assert impls.expand(["jax_mok", "fp8"]) == ["jax_mok", "jax_mok-fp8_block", "jax_mok-mxfp8",
+                                                "jax_mok-fp8_block-prep", "jax_mok-mxfp8-prep",
                                                 "jax_mok-fp8_block-pq", "jax_mok-mxfp8-pq",
                                                 "B3-fp8"]
     with pytest.raises(ValueError, match="unknown implementation 'B7'"):
