@@ -13,14 +13,14 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
 cp .device/ext-dev/_mok_c*.so jax_mok/
 export PYTHONPATH=$PWD JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-$(git rev-parse --short HEAD)}
-timeout 330 python3 -m benchmarks.run --routing balanced \
+timeout 290 python3 -m benchmarks.run --routing balanced \
   --impls jax_mok,jax_mok-fp8_block,jax_mok-fp8_block-prep,jax_mok-fp8_block-pq \
-  --budget-s 300 --item-timeout-s 80 --out $OUT/bench > $OUT/bench.log 2>&1
+  --budget-s 260 --item-timeout-s 70 --out $OUT/bench > $OUT/bench.log 2>&1
 echo "bench rc=$? at ${SECONDS}s"
 grep -E "^\[.*(ms|OOM|timeout|error)" $OUT/bench.log | cut -c1-150 | tail -45
-if [ $SECONDS -lt 360 ]; then
+if [ $SECONDS -lt 300 ]; then
   mkdir -p $OUT/ncu
-  OUT=$OUT/ncu EXT_DIR=.device/ext-x1 NCU_SHAPE=S1 NCU_TIMEOUT=110 tools/gpu_round.sh ncu \
+  OUT=$OUT/ncu EXT_DIR=.device/ext-x1 NCU_SHAPE=S1 NCU_TIMEOUT=100 tools/gpu_round.sh ncu \
     > $OUT/ncu/round.log 2>&1
   tail -30 $OUT/ncu/round.log
 fi
