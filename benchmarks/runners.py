@@ -86,7 +86,7 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
     # Compiled ahead of time so that the program timed below is the one whose buffer assignment
     # is recorded (the FP8 rows' peak device memory: BENCHMARKS protocol).
     compiled = lowered.compile()
-    record["program_bytes"] = program_bytes(compiled)
+    record["program_bytes"] = program_bytes(compiled, args(0, probe.dy_check))
     # Wait for the program itself before reading its outputs: execution is asynchronous, so an
     # allocation failure inside it would otherwise surface in the first eager op that reads
     # them, the probe's slice-and-astype, and be reported as that op's (S4's FP8 fwd+bwd OOM
@@ -106,16 +106,23 @@ def run_jax(sr, item: dict, problem, want: dict, record: dict) -> None:
     sr.timed(step, record)
 
 
-def program_bytes(compiled) -> dict | None:
-    """Device bytes of a compiled JAX program from XLA's buffer assignment: its arguments,
-    outputs, temporaries and the peak they make together (outputs that alias arguments counted
-    once); None where the backend gives no memory analysis (JAX's ``memory_analysis`` says so
-    with None)."""
+def program_bytes(compiled, args=None) -> dict | None:
+    """Device bytes of a compiled JAX program: its arguments, outputs, temporaries and the peak
+    they make together (outputs that alias arguments counted once). Outputs and temporaries are
+    XLA's buffer assignment; the arguments are the bytes of ``args`` (the arrays the program is
+    called with) where given, XLA's count otherwise (kept as ``arguments_xla``: on the GPU it left
+    out the prepared FP8 layouts of the fwd+bwd programs that read them). None where the backend
+    gives no memory analysis (JAX's ``memory_analysis`` says so with None)."""
+    import jax
+
     ma = compiled.memory_analysis()
     if ma is None:
         return None
-    out = {"arguments": int(ma.argument_size_in_bytes), "outputs": int(ma.output_size_in_bytes),
+    out = {"arguments_xla": int(ma.argument_size_in_bytes),
+           "outputs": int(ma.output_size_in_bytes),
            "aliased": int(ma.alias_size_in_bytes), "temporaries": int(ma.temp_size_in_bytes)}
+    out["arguments"] = (out["arguments_xla"] if args is None else
+                        sum(int(leaf.nbytes) for leaf in jax.tree.leaves(args)))
     out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
     return out
 

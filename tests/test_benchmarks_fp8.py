@@ -69,6 +69,11 @@ def test_quick_cpu_run_of_the_fp8_rows_and_new_peers(tmp_path):
     prep = records[("jax_mok-fp8_block-prep", "fwdbwd")]
     assert prep["prequantize_s"] > 0
     assert prep["weight_bytes_per_expert"] == pytest.approx(bf16_bytes / 2, rel=0.05)
+    # its program holds the four FP8 layouts (~the bf16 weights' bytes) beside the master weights
+    plain = records[("jax_mok", "fwdbwd")]["program_bytes"]["arguments"]
+    experts = prep["experts"]
+    assert prep["program_bytes"]["arguments"] - plain == pytest.approx(bf16_bytes * experts,
+                                                                       rel=0.1)
     assert records[("B6", "fwd")]["status"] == "unavailable"
     assert "CUDA" in records[("B6", "fwd")]["reason"]
     b3 = records[("B3-fp8", "fwd")]

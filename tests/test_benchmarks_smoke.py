@@ -49,6 +49,7 @@ def test_quick_cpu_run_writes_checked_results(tmp_path):
     for r in records:  # XLA's buffer assignment of the timed program (the memory table)
         b = r["program_bytes"]
         assert b["arguments"] > 0 and b["outputs"] > 0 and b["temporaries"] >= 0, r["key"]
+        assert b["arguments_xla"] > 0, r["key"]
         assert b["peak"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temporaries"]
     table = (out / "results.md").read_text()
     assert "| S6 | balanced | fwdbwd |" in table and "vs B2" in table
