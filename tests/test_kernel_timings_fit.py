@@ -49,3 +49,20 @@ def test_a_phase_whose_tile_count_changes_is_not_fitted_across_runs():
     # down GEMM tiles grow with H: S1-H1024 and S1 have different tile counts, no fit
     profiles = {"S1-H1024": [("down GEMM x weight", 0.7)], "S1": [("down GEMM x weight", 1.4)]}
     assert kt.fit_stages(profiles, {"bf16": 738.0, "fp8": 1400.0}) == []
+
+
+def test_read_profile_stops_at_the_end_marker(tmp_path):
+    """The next shape's first call quantizes its weights before it routes: without the end
+    marker those phases were read as the previous shape's."""
+    END_MARK, PHASE = kt.END_MARK, kt.PHASE
+    lines = [f"{PHASE}routing 0.1 ms", "--- S1:fp8_block T=1 (second call below)",
+             f"{PHASE}quantize expert weights 0.3 ms", f"{PHASE}routing 0.1 ms",
+             f"{PHASE}fp8 gate/up GEMM + SwiGLU 2.2 ms", f"{PHASE}routing 0.1 ms",
+             f"{END_MARK}S1:fp8_block", f"{PHASE}quantize expert weights 5.7 ms",
+             f"{PHASE}routing 0.1 ms"]
+    path = tmp_path / "profile.log"
+    path.write_text("\n".join(lines) + "\n")
+    phases = kt.read_profile(str(path))["S1:fp8_block"]
+    assert [name for name, _ in phases] == ["quantize expert weights", "routing",
+                                            "fp8 gate/up GEMM + SwiGLU", "routing"]
+    assert sum(ms for _, ms in phases) == pytest.approx(2.7)

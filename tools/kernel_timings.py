@@ -347,18 +347,26 @@ def profile(shapes: list[str], quantization: str = "none") -> None:
             flush=True,
         )
         jax.block_until_ready(fb(x, w, wgu, wd))
+        # the phases print as they finish: the next shape's first call (its weight quantization
+        # comes before its routing) must not be read as this one's
+        print(f"{END_MARK}{label}", file=sys.stderr, flush=True)
         del x, ids, w, wgu, wd, dy, fb
 
 
 PHASE = "jax_mok CUDA profile: "
+END_MARK = "--- end of "
 
 
 def read_profile(path: str) -> dict[str, list[tuple[str, float]]]:
     """Per shape, the phases of the warm (second) fwd+bwd call in a ``profile`` output: the lines
-    after the shape's marker, up to the next call's first ``routing`` (a call routes twice)."""
+    after the shape's marker, up to its end marker (or, in outputs without one, up to the next
+    call's first ``routing``: a call routes twice)."""
     shapes: dict[str, list[tuple[str, float]]] = {}
     current = None
     for line in open(path, errors="replace"):
+        if line.startswith(END_MARK):  # written after the warm call (older outputs lack it)
+            current = None
+            continue
         if line.startswith("--- "):
             current = line.split()[1]
             shapes[current] = []
