@@ -50,6 +50,9 @@ export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/
 export PATH=/usr/local/cuda/bin:$PATH
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
+# Logs already in $OUT (a caller's, written there while this runs) are not this run's: the
+# archive at the end leaves them where they are.
+FOREIGN_LOGS=$(cd "$OUT" && ls ./*.log 2>/dev/null)
 step() { echo "=== $(date +%T) $*"; }
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
@@ -234,4 +237,5 @@ done
 step "summary"
 cat "$SUMMARY"
 # A call returns at most 8 files of $OUT: the step logs leave as one archive.
-(cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log)
+(cd "$OUT" && logs=$(ls ./*.log 2>/dev/null | grep -vxF "${FOREIGN_LOGS:-/}") \
+  && [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs)
