@@ -91,17 +91,25 @@ def _experts_per_chunk(w_gate_up: jax.Array) -> int:
     return max(d for d in range(1, min(E, fit) + 1) if E % d == 0)
 
 
+def _expert_params(w_gate_up: jax.Array, w_down: jax.Array,
+                   quantization: str | None = None) -> jax_mok.MoEParams:
+    """``jax_mok.MoEParams`` around bare expert weights (a zero router, no shared expert): what
+    the weight-quantizing API functions take."""
+    E, H, two_f = w_gate_up.shape
+    config = jax_mok.MoEConfig(num_experts=E, top_k=1, hidden_size=H, ffn_size=two_f // 2,
+                               quantization=quantization)
+    return jax_mok.MoEParams(router=jnp.zeros((H, E), jnp.float32), router_bias=None,
+                             w_gate_up=w_gate_up, w_down=w_down, shared_gate_up=None,
+                             shared_down=None, config=config)
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _prequantize(w_gate_up: jax.Array, w_down: jax.Array, recipe: str, per_chunk: int):
     E, H, two_f = w_gate_up.shape
     F = two_f // 2
-    config = jax_mok.MoEConfig(num_experts=per_chunk, top_k=1, hidden_size=H, ffn_size=F)
 
     def chunk(ws):
-        params = jax_mok.MoEParams(
-            router=jnp.zeros((H, per_chunk), jnp.float32), router_bias=None, w_gate_up=ws[0],
-            w_down=ws[1], shared_gate_up=None, shared_down=None, config=config)
-        quantized = jax_mok.quantize_params(params, recipe)
+        quantized = jax_mok.quantize_params(_expert_params(*ws), recipe)
         return quantized.w_gate_up, quantized.w_down
 
     n = E // per_chunk
@@ -123,13 +131,7 @@ def prepare(w_gate_up: jax.Array, w_down: jax.Array, recipe: str):
     """``jax_mok.fp8_weights`` of ``(w_gate_up, w_down)`` for ``recipe``: every FP8 layout the
     layer reads, forward and backward, made by the layer's own quantizer (the CUDA one where the
     FP8 kernels run)."""
-    E, H, two_f = w_gate_up.shape
-    config = jax_mok.MoEConfig(num_experts=E, top_k=1, hidden_size=H, ffn_size=two_f // 2,
-                               quantization=recipe)
-    params = jax_mok.MoEParams(
-        router=jnp.zeros((H, E), jnp.float32), router_bias=None, w_gate_up=w_gate_up,
-        w_down=w_down, shared_gate_up=None, shared_down=None, config=config)
-    return jax_mok.fp8_weights(params)
+    return jax_mok.fp8_weights(_expert_params(w_gate_up, w_down, recipe))
 
 
 def quantized_bytes_per_expert(weights) -> float:
