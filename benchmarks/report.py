@@ -192,13 +192,15 @@ def _pairwise(result: dict) -> list[str]:
 
 
 def _memory(records: list[dict]) -> list[str]:
-    """The JAX rows' device memory: XLA's buffer assignment of each timed program."""
+    """The JAX rows' device memory: each timed program's arguments (the arrays it is called
+    with) and XLA's buffer assignment of its outputs and temporaries."""
     rows = [r for r in records if r.get("program_bytes")]
     if not rows:
         return []
     gib = 1 << 30
-    lines = ["", "Device memory of each timed JAX program (GiB, XLA's buffer assignment; peak = "
-             "arguments + outputs + temporaries, aliased outputs once):", "",
+    lines = ["", "Device memory of each timed JAX program (GiB; arguments: the arrays it is "
+             "called with; outputs and temporaries: XLA's buffer assignment; peak = arguments + "
+             "outputs + temporaries, aliased outputs once):", "",
              "| shape | pass | impl | arguments | outputs | temporaries | peak |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
