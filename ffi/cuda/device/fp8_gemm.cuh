@@ -138,39 +138,64 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
                : "memory");
 }
 
+// The producer's per-stage work is address arithmetic for 9-11 copies per thread, on few
+// registers (setmaxnreg below): every address that does not change along K is made once per
+// tile — the source of each of the thread's 8 A chunks, its row's A scale, its B scale rows —
+// so that a stage adds k to each and issues. (Recomputing them per stage from the row table,
+// with 64-bit multiplies and the parameters reloaded from the constant bank, made the producer
+// the pipeline's bottleneck: the consumers waited on `full` a third of the time.)
 template <Recipe R, TileShape kShape, bool kBPerRow>
 __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int t) {
   constexpr int kStages = Fp8Smem<R>::kStages;
+  constexpr int kBScaleRows = kBPerRow ? 2 : 1;  // B scale words this thread copies per stage
   const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
+  // Its A chunks land at dst0 + 2048 i in a stage: rows (t >> 3) + 16 i share the 128B
+  // swizzle phase (t >> 3) & 7.
+  const uint32_t dst0 = (t >> 3) * 128 + ((chunk ^ ((t >> 3) & 7)) << 4);
+  const bool b_scale_thread = kBPerRow || t < 2;
   int stage = 0, phase = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     producer_sync();  // the previous tile's rows are no longer read
+    const uint8_t* a_scale_row = nullptr;  // row t's scales (nullptr: no row, zero fill)
     {
       int64_t src = -1;
       if (t < w.rows) {
         const int pos = w.row0 + t;
         src = (kShape == TileShape::kRoutedM && p.a_gather) ? p.a_gather[pos] : pos;
       }
+      if (src >= 0) a_scale_row = p.a_scale + src * p.a_scale_ld;
       s.rows[t] = src;
     }
     producer_sync();
+    const uint8_t* a_src[8];  // chunk sources at K = 0 (nullptr: no row)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t src = s.rows[(t >> 3) + 16 * i];
+      a_src[i] = src >= 0 ? p.a + src * p.lda + 16 * chunk : nullptr;
+    }
     const int e = kShape == TileShape::kRoutedM ? w.expert : 0;
     const uint8_t* b_scale = p.b_scale + e * p.b_scale_expert_stride;
+    // B scale rows: per B row (kBPerRow: this thread's row of each half) or per 128-row block
+    // (threads 0 and 1: one word per half); nullptr past b_rows (zero fill).
+    const uint8_t* b_scale_row[kBScaleRows];
+#pragma unroll
+    for (int h = 0; h < kBScaleRows; ++h) {
+      const int n = kBPerRow ? fp8_box_row(p, w.n_tile, 2 * h + (t >> 6)) + (t & 63)
+                             : fp8_box_row(p, w.n_tile, 2 * t);
+      b_scale_row[h] = b_scale_thread && n < p.b_rows
+                           ? b_scale + static_cast<int64_t>(kBPerRow ? n : n / 128) * p.b_scale_ld
+                           : nullptr;
+    }
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
       mbar_wait(&s.empty[stage], phase ^ 1);
       const int k = w.k_off + k0;  // absolute K of the stage in A and B
-      const uint32_t stage_a = smem_u32(s.a[stage]);
+      const uint32_t stage_a = smem_u32(s.a[stage]) + dst0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {  // A: 128 rows x 8 chunks of 16 bytes
-        const int r = (t >> 3) + 16 * i;
-        const int64_t src = s.rows[r];
-        const bool ok = src >= 0;
-        cp_async_16(stage_a + r * 128 + ((chunk ^ (r & 7)) << 4),
-                    ok ? p.a + src * p.lda + k + 16 * chunk : p.a, ok);
-      }
+      for (int i = 0; i < 8; ++i)  // A: 128 rows x 8 chunks of 16 bytes
+        cp_async_16(stage_a + 2048 * i, a_src[i] ? a_src[i] + k : p.a, a_src[i] != nullptr);
       if (t == 0) {
         mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);
 #pragma unroll
@@ -182,49 +207,32 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
       // the tile, or a B row past b_rows, reads as word 0 (zero fill), as its values do.
       const int kw = k / kBK * kScaleBytesPerK128;
       if constexpr (R == Recipe::kBlock) {
-        const int64_t src = s.rows[t];
-        cp_async_4(smem_u32(&s.sa[stage][0][t]),
-                   src >= 0 ? p.a_scale + src * p.a_scale_ld + kw : p.a_scale, src >= 0);
-        if constexpr (kBPerRow) {
+        cp_async_4(smem_u32(&s.sa[stage][0][t]), a_scale_row ? a_scale_row + kw : p.a_scale,
+                   a_scale_row != nullptr);
+        if (b_scale_thread) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int rho = t + 128 * h;  // smem row: half h, row t
-            const int n = fp8_box_row(p, w.n_tile, 2 * h + (t >> 6)) + (t & 63);
-            const bool ok = n < p.b_rows;
-            cp_async_4(smem_u32(&s.sb[stage][0][rho]),
-                       ok ? b_scale + static_cast<int64_t>(n) * p.b_scale_ld + kw : b_scale, ok);
-          }
-        } else if (t < 2) {  // one float32 per half: its 128 rows lie in one 128-row block
-          const int n = fp8_box_row(p, w.n_tile, 2 * t);
-          const bool ok = n < p.b_rows;
-          cp_async_4(smem_u32(&s.sb[stage][0][t]),
-                     ok ? b_scale + static_cast<int64_t>(n / 128) * p.b_scale_ld + kw : b_scale,
-                     ok);
+          for (int h = 0; h < kBScaleRows; ++h)  // smem row: half h, row t (or word t)
+            cp_async_4(smem_u32(&s.sb[stage][0][kBPerRow ? t + 128 * h : t]),
+                       b_scale_row[h] ? b_scale_row[h] + kw : b_scale, b_scale_row[h] != nullptr);
         }
         mbar_arrive_cp_async(&s.full[stage]);  // A, its scales, B's scales
       } else {
         mbar_arrive_cp_async(&s.full[stage]);  // A's values
         static_assert(R != Recipe::kMx || kBPerRow, "mxfp8 B scales are per B row");
         {
-          const int64_t src = s.rows[t];
           const uint32_t word =
-              src >= 0 ? *reinterpret_cast<const uint32_t*>(p.a_scale + src * p.a_scale_ld + kw)
-                       : 0u;
+              a_scale_row ? *reinterpret_cast<const uint32_t*>(a_scale_row + kw) : 0u;
 #pragma unroll
           for (int j = 0; j < kScaleSteps<R>; ++j)
             s.sa[stage][j][t] = __float_as_uint(scale_value<R>(word >> (8 * j)));
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rho = t + 128 * h;  // smem row: half h, row t
-          const int n = fp8_box_row(p, w.n_tile, 2 * h + (t >> 6)) + (t & 63);
-          const uint32_t word = n < p.b_rows
-                                    ? *reinterpret_cast<const uint32_t*>(
-                                          b_scale + static_cast<int64_t>(n) * p.b_scale_ld + kw)
-                                    : 0u;
+        for (int h = 0; h < kBScaleRows; ++h) {
+          const uint32_t word =
+              b_scale_row[h] ? *reinterpret_cast<const uint32_t*>(b_scale_row[h] + kw) : 0u;
 #pragma unroll
           for (int j = 0; j < kScaleSteps<R>; ++j)
-            s.sb[stage][j][rho] = __float_as_uint(scale_value<R>(word >> (8 * j)));
+            s.sb[stage][j][t + 128 * h] = __float_as_uint(scale_value<R>(word >> (8 * j)));
         }
         mbar_arrive(&s.full[stage]);  // release: the scale stores above
       }

@@ -166,14 +166,23 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
     }
   } else {
     // A gathered (routed-M only: WgmmaConfig): 128 threads copy A, thread 0 issues B's TMA boxes.
+    // The sources of a thread's 8 chunks are made once per tile (a stage adds k0 and issues):
+    // read back from the row table and rebuilt in every stage, they made the producer's
+    // per-stage work a chain of shared loads, compares and 64-bit adds per chunk.
     PipelineState<kStages> pipe;
+    const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
       s_rows[t] = t < w.rows ? (p.a_gather ? (int64_t)p.a_gather[pos] : (int64_t)pos) * p.lda : -1;
       producer_sync();
-      const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A
+      const bf16* a_src[8];  // chunk sources at k0 = 0 (nullptr: no row)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int64_t off = s_rows[(t >> 3) + 16 * i];
+        a_src[i] = off >= 0 ? a + off + kc : nullptr;
+      }
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
         mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);
         const uint32_t stage_a = sa + pipe.stage * Cfg::kStageBytesA;
@@ -181,10 +190,8 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
         const bool k_ok = k0 + kc < p.K;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {  // A: 128 rows × 8 chunks
-          const int r = (t >> 3) + 16 * i;
-          const int64_t off = s_rows[r];
-          const bool ok = off >= 0 && k_ok;
-          cp_async_16(stage_a + swizzled<LA>(r, kc), ok ? a + off + k0 + kc : a, ok);
+          const bool ok = a_src[i] != nullptr && k_ok;
+          cp_async_16(stage_a + swizzled<LA>((t >> 3) + 16 * i, kc), ok ? a_src[i] + k0 : a, ok);
         }
         if (t == 0) {
           mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);
