@@ -28,10 +28,13 @@ constexpr int kScaleBlock = R == Recipe::kMx ? 32 : 128;
 // a row of scales is K / 32 bytes and the scales of one 128-wide k-block are one 32-bit word.
 constexpr int kScaleBytesPerK128 = 4;
 
-// max(|a|, |b|) that keeps a NaN once seen (fmaxf would drop it).
+// max(m, |v|) that keeps a NaN once seen (fmaxf would drop it): PTX max.NaN, one instruction
+// (a compare-and-select took three). A NaN amax only ever makes its block's scale NaN
+// (block_scale), so the canonical NaN max.NaN returns serves as well as v's own.
 __device__ __forceinline__ float amax_combine(float m, float v) {
-  v = fabsf(v);
-  return (v > m || v != v) ? v : m;
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+  return r;
 }
 
 __device__ __forceinline__ float e8m0_to_float(uint32_t byte) {
@@ -112,6 +115,23 @@ __device__ __forceinline__ uint16_t quantize_pair(float2 v, const BlockScale& s)
     const uint16_t lo = e4m3x2(v.x * s.lo, v.y * s.lo);
     if (lo == e4m3x2(v.x * s.hi, v.y * s.hi)) return lo;
     return e4m3x2(v.x / s.div, v.y / s.div);
+  }
+}
+
+// quantize_pair without its slow path, for a caller that quantizes many pairs with one scale:
+// the byte pair of the bracket's low end, and in `differs` (OR-ed in) the bits where the two ends
+// disagree. Where `differs` ends nonzero the caller redoes its pairs with quantize_pair (about
+// one pair in 2^14 is that close to an E4M3 rounding boundary); where it ends zero, every pair
+// returned is quantize_pair's. mxfp8 is exact and never sets `differs`.
+template <Recipe R>
+__device__ __forceinline__ uint16_t quantize_pair_bracket(float2 v, const BlockScale& s,
+                                                          uint32_t& differs) {
+  if constexpr (R == Recipe::kMx) {
+    return s.nonfinite ? 0x7F7Fu : e4m3x2(v.x * s.mul, v.y * s.mul);
+  } else {
+    const uint16_t lo = e4m3x2(v.x * s.lo, v.y * s.lo);
+    differs |= lo ^ e4m3x2(v.x * s.hi, v.y * s.hi);
+    return s.nonfinite ? 0x7F7Fu : lo;
   }
 }
 

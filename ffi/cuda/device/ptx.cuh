@@ -75,8 +75,15 @@ __device__ __forceinline__ float4 load4<bf16>(const bf16* src) {
 
 // 1 / (1 + e^-v) with the approximate reciprocal (MUFU.RCP): within 2 ulp of the correctly
 // rounded one, whose IEEE division (Newton steps, a slow-path branch) cost more than the rest of
-// the SwiGLU epilogues; __expf is approximate already. 0 where e^-v overflows, NaN stays NaN.
-__device__ __forceinline__ float sigmoidf(float v) { return __fdividef(1.f, 1.f + __expf(-v)); }
+// the SwiGLU epilogues. 0 where e^-v overflows, NaN stays NaN.
+// e^-v is __expf's: MUFU.EX2 of -v log2(e), but flushing a subnormal result to zero (ftz), which
+// saves __expf's three-instruction fix-up per call (an argument below -126 halved, the result
+// squared). The sigmoid is the same bits either way: e^-v < 2^-126 vanishes in 1 + e^-v.
+__device__ __forceinline__ float sigmoidf(float v) {
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-v * 1.4426950408889634f));
+  return __fdividef(1.f, 1.f + e);
+}
 
 // ------------------------------------------------------------------ accumulator fragments
 // The wgmma m64nNk16 f32 accumulator layout, which the SIMT path reproduces so that both share
