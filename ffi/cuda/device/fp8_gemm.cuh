@@ -158,7 +158,7 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   int stage = 0, phase = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
-    producer_sync();  // the previous tile's rows are no longer read
+    producer_sync();                       // the previous tile's rows are no longer read
     const uint8_t* a_scale_row = nullptr;  // row t's scales (nullptr: no row, zero fill)
     {
       int64_t src = -1;
