@@ -266,14 +266,9 @@ __device__ __forceinline__ void release_held_stage(uint64_t* empty, int wg, int 
 
 namespace mok::cuda::fp8 {
 
-__device__ __forceinline__ float amax_merge(float m, float v) {  // both >= 0 or NaN
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(v));
-  return r;
-}
-__device__ __forceinline__ float quad_amax(float m) {
-  m = amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  return amax_merge(m, __shfl_xor_sync(0xffffffffu, m, 2));
+__device__ __forceinline__ float quad_amax(float m) {  // m >= 0 or NaN in every lane
+  m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  return max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
 }
 
 // The FP8 gate/up GEMM's kGluQuant: a = silu(gate) * up of a warpgroup's 64 rows x 128 F columns
@@ -342,30 +337,21 @@ __device__ __forceinline__ void glu_quant_epilogue(const Params& p, const WorkTi
   for (int rh = 0; rh < 2; ++rh)
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) bs[rh][b] = block_scale<R>(quad_amax(m[rh][b]));
-  // Every pair by the bracket (no branch per pair); the rare thread with a pair at an E4M3
-  // rounding boundary then redoes all of its pairs exactly, overwriting the same bytes.
-  auto store_q = [&](int i, uint16_t q) {
-    if constexpr (kStaged) {
-      // byte column frag_col(i, t) = 16 (i / 8) + 8 ((i / 4) & 1) + 2 (t & 3)
-      st_shared_u16(
-          eb.buf[0] + FragOffsets(t, 1).at((i >> 1) & 1, (i >> 3) & 7) + 8 * ((i >> 2) & 1), q);
-    } else if (row_base + frag_row(i, t) < w.rows) {
-      *reinterpret_cast<uint16_t*>(p.q_out +
-                                   static_cast<int64_t>(w.row0 + row_base + frag_row(i, t)) * F +
-                                   f_base + frag_col(i, t)) = q;
-    }
-  };
-  uint32_t differs = 0;
-#pragma unroll
-  for (int i = 0; i < 64; i += 2)
-    store_q(i, quantize_pair_bracket<R>(make_float2(a[i], a[i + 1]),
-                                        bs[(i >> 1) & 1][kBlocks == 4 ? (i >> 4) : 0], differs));
-  if (differs) {
-#pragma unroll
-    for (int i = 0; i < 64; i += 2)
-      store_q(i, quantize_pair<R>(make_float2(a[i], a[i + 1]),
-                                  bs[(i >> 1) & 1][kBlocks == 4 ? (i >> 4) : 0]));
-  }
+  quantize_pairs<R, 32>(
+      [&](int j) { return make_float2(a[2 * j], a[2 * j + 1]); },
+      [&](int j) -> const BlockScale& { return bs[j & 1][kBlocks == 4 ? (j >> 3) : 0]; },
+      [&](int j, uint16_t q) {
+        const int i = 2 * j;  // the pair's first value
+        if constexpr (kStaged) {
+          // byte column frag_col(i, t) = 16 (i / 8) + 8 ((i / 4) & 1) + 2 (t & 3)
+          st_shared_u16(
+              eb.buf[0] + FragOffsets(t, 1).at((i >> 1) & 1, (i >> 3) & 7) + 8 * ((i >> 2) & 1), q);
+        } else if (row_base + frag_row(i, t) < w.rows) {
+          *reinterpret_cast<uint16_t*>(
+              p.q_out + static_cast<int64_t>(w.row0 + row_base + frag_row(i, t)) * F + f_base +
+              frag_col(i, t)) = q;
+        }
+      });
   if constexpr (kStaged) {
     warpgroup_sync(wg);
     for_each_chunk(t, [&](int r, int chunk, uint32_t off) {  // 16 E4M3 columns a chunk

@@ -28,13 +28,17 @@ constexpr int kScaleBlock = R == Recipe::kMx ? 32 : 128;
 // a row of scales is K / 32 bytes and the scales of one 128-wide k-block are one 32-bit word.
 constexpr int kScaleBytesPerK128 = 4;
 
-// max(m, |v|) that keeps a NaN once seen (fmaxf would drop it): PTX max.NaN, one instruction
-// (a compare-and-select took three). A NaN amax only ever makes its block's scale NaN
-// (block_scale), so the canonical NaN max.NaN returns serves as well as v's own.
-__device__ __forceinline__ float amax_combine(float m, float v) {
+// max(a, b) that keeps a NaN once seen (fmaxf would drop it): PTX max.NaN, one instruction (a
+// compare-and-select took three). A NaN amax only ever makes its block's scale NaN
+// (block_scale), so the canonical NaN max.NaN returns serves as well as the input's own.
+__device__ __forceinline__ float max_keep_nan(float a, float b) {
   float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
+}
+// A running amax: max(m, |v|).
+__device__ __forceinline__ float amax_combine(float m, float v) {
+  return max_keep_nan(m, fabsf(v));
 }
 
 __device__ __forceinline__ float e8m0_to_float(uint32_t byte) {
@@ -118,11 +122,8 @@ __device__ __forceinline__ uint16_t quantize_pair(float2 v, const BlockScale& s)
   }
 }
 
-// quantize_pair without its slow path, for a caller that quantizes many pairs with one scale:
-// the byte pair of the bracket's low end, and in `differs` (OR-ed in) the bits where the two ends
-// disagree. Where `differs` ends nonzero the caller redoes its pairs with quantize_pair (about
-// one pair in 2^14 is that close to an E4M3 rounding boundary); where it ends zero, every pair
-// returned is quantize_pair's. mxfp8 is exact and never sets `differs`.
+// quantize_pair without its slow path: the byte pair of the bracket's low end, and in `differs`
+// (OR-ed in) the bits where the two ends disagree. mxfp8 is exact and never sets `differs`.
 template <Recipe R>
 __device__ __forceinline__ uint16_t quantize_pair_bracket(float2 v, const BlockScale& s,
                                                           uint32_t& differs) {
@@ -132,6 +133,21 @@ __device__ __forceinline__ uint16_t quantize_pair_bracket(float2 v, const BlockS
     const uint16_t lo = e4m3x2(v.x * s.lo, v.y * s.lo);
     differs |= lo ^ e4m3x2(v.x * s.hi, v.y * s.hi);
     return s.nonfinite ? 0x7F7Fu : lo;
+  }
+}
+
+// N pairs, pair j = pair(j) with scale scale(j), each handed to store(j, bytes): every pair by
+// the bracket (no branch per pair), then, only where one of them lies at an E4M3 rounding
+// boundary (about one pair in 2^14), all N again by quantize_pair, stored over the first. What
+// is stored last for each j is quantize_pair's.
+template <Recipe R, int N, class Pair, class Scale, class Store>
+__device__ __forceinline__ void quantize_pairs(Pair&& pair, Scale&& scale, Store&& store) {
+  uint32_t differs = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) store(j, quantize_pair_bracket<R>(pair(j), scale(j), differs));
+  if (differs) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) store(j, quantize_pair<R>(pair(j), scale(j)));
   }
 }
 
