@@ -10,12 +10,13 @@
 # ext-wg3 = wgrad_gather_dy.patch on top of ext-wg2: the BF16 backward copies nothing either
 # (dy·Wd^T gathers its A, dy, with the routed-M cp.async producer, as the forward gate/up does; dWd
 # gathers dy): predicted a further -0.5 ms on S1's bf16 step, dy·Wd^T within +3 %.
-# Then the whole single-GPU suite on ext-wg2 (the extension ab/profab leave in place). ~470 s.
+# Then the whole single-GPU suite on ext-wg3 (the extension ab/profab leave in place: AB_DEV's
+# first; a superset of ext-wg2's code paths, whose FP8 backward it shares). ~470 s.
 #   OUT=$OUT bash docs/bench/2026-12-03-h200-r21/next_call1.sh
 # If equal and faster: `git apply docs/bench/2026-12-03-h200-r21/wgrad_gather.patch` (and
 # wgrad_gather_dy.patch after it if ext-wg3 wins too; then its suite is still to run), rebuild
 # ext-dev, commit with the numbers; then the protocol (r19 next_protocol.sh, two calls).
-OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-wg2 .device/ext-wg3" \
+OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-wg3 .device/ext-wg2" \
   AB_SHAPES=S1,S2 AB_QUANT="none fp8_block" PROFILE_TIMEOUT=60 SUITE_TIMEOUT=300 \
   tools/gpu_round.sh ab,profab,suite > $OUT/round.txt 2>&1
 (cd $OUT && for f in profab_*.txt; do echo "## $f"; cat "$f"; done > profab_all.md 2>/dev/null)
