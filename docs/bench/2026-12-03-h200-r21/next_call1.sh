@@ -14,7 +14,7 @@
 # first; a superset of ext-wg2's code paths, whose FP8 backward it shares). ~470 s.
 #   OUT=$OUT bash docs/bench/2026-12-03-h200-r21/next_call1.sh
 # If equal and faster: `git apply docs/bench/2026-12-03-h200-r21/wgrad_gather.patch` (and
-# wgrad_gather_dy.patch after it if ext-wg3 wins too; then its suite is still to run), rebuild
+# wgrad_gather_dy.patch after it if ext-wg3 wins too: the suite ran on it), rebuild
 # ext-dev, commit with the numbers; then the protocol (r19 next_protocol.sh, two calls).
 OUT=$OUT EXT_DIR=.device/ext-dev AB_BASE=.device/ext-dev AB_DEV=".device/ext-wg3 .device/ext-wg2" \
   AB_SHAPES=S1,S2 AB_QUANT="none fp8_block" PROFILE_TIMEOUT=60 SUITE_TIMEOUT=300 \
