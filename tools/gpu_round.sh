@@ -23,8 +23,10 @@
 #            the CUDA path: values and gradients equal the plain call's)
 #   quant    tools/kernel_timings.py quantizers (the CUDA quantizers' GB/s against the HBM copy)
 #   ncu      ncu's full set (source counters included) of NCU_COUNT (2) launches of NCU_KERNEL
-#            (fp8_gemm_kernel; wgmma_gemm_kernel for bf16) in one forward of NCU_SHAPE (S2) in
-#            NCU_RECIPE (fp8_block, or none), NCU_TIMEOUT (150 s): details and per-SASS CSV logs
+#            (fp8_gemm_kernel; wgmma_gemm_kernel for bf16; matched against NCU_NAME_BASE names:
+#            function, or mangled) in one forward of NCU_SHAPE (S2) in NCU_RECIPE (fp8_block, or
+#            none), or NCU_WHAT=profile: two forward+backward calls, NCU_TIMEOUT (150 s): details
+#            and per-SASS CSV logs
 #   ab       builds bitwise (tools/compare_builds.py): AB_BASE's extension against each of AB_DEV's
 #            (a space-separated list; default .device/ext-base, .device/ext-dev), each in its own
 #            process
@@ -157,10 +159,13 @@ for s in ${STEPS//,/ }; do
       # every replay pass), one forward that exits, the report exported and read back: with a
       # preallocating JAX over a long program the process did not exit and nothing came back.
       n=ncu_${NCU_SHAPE:-S2}_${NCU_RECIPE:-fp8_block}
+      # NCU_WHAT=profile: two forward+backward calls instead (the backward's kernels; e.g. the
+      # weight-gradient GEMMs: NCU_NAME_BASE=mangled NCU_KERNEL=ModeE2E, the routed-K wgmma ones).
       XLA_PYTHON_CLIENT_PREALLOCATE=false TAIL=3 run "$n" ${NCU_TIMEOUT:-150} ncu \
-        --clock-control none --set full --import-source no -k "regex:${NCU_KERNEL:-fp8_gemm_kernel}" \
-        --launch-count ${NCU_COUNT:-2} -f -o "/tmp/$n" python3 tools/kernel_timings.py forward \
-        --shapes ${NCU_SHAPE:-S2} --quantization ${NCU_RECIPE:-fp8_block}
+        --clock-control none --set full --import-source no \
+        --kernel-name-base ${NCU_NAME_BASE:-function} -k "regex:${NCU_KERNEL:-fp8_gemm_kernel}" \
+        --launch-count ${NCU_COUNT:-2} -f -o "/tmp/$n" python3 tools/kernel_timings.py \
+        ${NCU_WHAT:-forward} --shapes ${NCU_SHAPE:-S2} --quantization ${NCU_RECIPE:-fp8_block}
       ncu --import "/tmp/$n.ncu-rep" --print-details all > "$OUT/${n}_details.log" 2>&1
       # per-SASS stall samples, CSV (tools/ncu_sass.py)
       ncu --import "/tmp/$n.ncu-rep" --page source --csv --print-source sass \
