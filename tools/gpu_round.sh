@@ -96,6 +96,11 @@ run() {  # run NAME TIMEOUT CMD...: the command's output to $OUT/NAME.log, a sum
   tail -${TAIL:-15} "$OUT/$name.log"
 }
 
+# run, for the benchmark harnesses: each sets its own memory fraction (benchmarks/run.py 0.9,
+# which S4's FP8 fwd+bwd needs; benchmarks/e2e 0.92), which the 0.8 exported above for the other
+# steps would override.
+run_harness() { (unset XLA_PYTHON_CLIENT_MEM_FRACTION; run "$@"); }
+
 PYTEST="python3 -m pytest -q -p no:cacheprovider -rfE"
 AB_BASE=${AB_BASE:-.device/ext-base} AB_DEV=${AB_DEV:-.device/ext-dev}  # ab, profab
 AB_DEV1=${AB_DEV%% *}  # the first of AB_DEV's builds: the one left in place
@@ -196,20 +201,16 @@ for s in ${STEPS//,/ }; do
         --quantization ${PROFILE_QUANT:-fp8_block}
       ;;
     bench)
-      # The harness sets its own memory fraction (benchmarks/run.py: 0.9, which S4's FP8
-      # fwd+bwd needs); the 0.8 exported above for the other steps would override it.
-      (unset XLA_PYTHON_CLIENT_MEM_FRACTION
-       TAIL=60 run bench ${BENCH_TIMEOUT:-420} python3 -m benchmarks.run --out "$OUT/bench" \
-         ${BENCH_ARGS:-})
+      TAIL=60 run_harness bench ${BENCH_TIMEOUT:-420} python3 -m benchmarks.run \
+        --out "$OUT/bench" ${BENCH_ARGS:-}
       ;;
     ep)
       if [ "$GPUS" -lt 2 ]; then note "ep: skipped ($GPUS GPU)"; continue; fi
       TAIL=40 run ep ${EP_TIMEOUT:-200} python3 tools/ep_bench.py --out "$OUT/ep" ${EP_ARGS:-}
       ;;
     e2e)
-      (unset XLA_PYTHON_CLIENT_MEM_FRACTION  # as in bench: the e2e harness sets its own (0.92)
-       TAIL=30 run e2e ${E2E_TIMEOUT:-200} python3 -m benchmarks.e2e.run --out "$OUT/e2e" \
-         ${E2E_ARGS:-})
+      TAIL=30 run_harness e2e ${E2E_TIMEOUT:-200} python3 -m benchmarks.e2e.run \
+        --out "$OUT/e2e" ${E2E_ARGS:-}
       ;;
     ab)
       for ext in $AB_DEV "$AB_BASE"; do

@@ -117,19 +117,16 @@ def median_s(f, *args, n: int = 20, warmup: int = 3) -> float:
 
 def back_to_back_s(f, *args, reps: int = 20, trials: int = 5) -> float:
     """Seconds per call of ``f(*args)`` when ``reps`` calls are enqueued back to back and
-    synchronized once (median of ``trials``): the GPU runs them without the per-call dispatch and
-    synchronization gaps that a synchronized call of a short kernel (0.1 ms) mostly measures.
-    Each call's output is dropped when the next is enqueued, so at most two are alive."""
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(trials):
-        start = time.perf_counter()
+    synchronized once (median of ``trials``; benchmarks.timing): the GPU runs them without the
+    per-call dispatch and synchronization gaps that a synchronized call of a short kernel
+    (0.1 ms) mostly measures. Each call's output is dropped when the next is enqueued."""
+    def step(i: int) -> None:
         out = None
         for _ in range(reps):
             out = f(*args)
         jax.block_until_ready(out)
-        times.append((time.perf_counter() - start) / reps)
-    return statistics.median(times)
+
+    return statistics.median(time_steps(step, warmup=1, iters=trials)) / reps
 
 
 def timings(shapes: list[str]) -> None:
