@@ -241,17 +241,18 @@ def test_rejects_hidden_not_multiple_of_8():
 # Last in this file: a pipeline bug that hung would be cut by the caller's timeout after every
 # other test has reported.
 @pytest.mark.parametrize("kind", ["balanced", "one_expert"])
-def test_pregather_x_is_bitwise_neutral(kind):
-    """KernelTuning.pregather_x: x gathered into expert order first (the gate/up GEMM's A then by
-    TMA) fills shared memory with the same values as the row-by-row gather, so every output,
-    the inference forward's too, is bitwise equal with it off and on. F = 200 leaves a partial
-    gate/up tile; the heuristic would keep it off at this F."""
+def test_pregather_is_bitwise_neutral(kind):
+    """KernelTuning.pregather_x / pregather_backward: x (and in the backward dy) copied into
+    expert order first, the GEMMs then loading them by TMA, fills shared memory with the same
+    values as the GEMMs' own gathers (routed-M A row by row; the weight-gradient GEMMs' x and dy
+    position by position), so every output, the inference forward's too, is bitwise equal with
+    both off and on. F = 200 leaves partial tiles; the heuristics would keep both off here."""
     if not _ffi.cuda_module().device_info().get("wgmma_path", False):
         pytest.skip("built without CUTLASS headers: no wgmma path")
     args = _problem(9, 700, 264, 200, 8, 2, jnp.bfloat16, kind)
     outs = {}
     for pregather in (False, True):
-        tuning = Tuning(kernel=KernelTuning(pregather_x=pregather))
+        tuning = Tuning(kernel=KernelTuning(pregather_x=pregather, pregather_backward=pregather))
         # The inference forward too: no saved pre-activations, so other epilogues (kSwiGLU).
         forward = jax.jit(lambda x, ids, w, wgu, wd, tuning=tuning: autodiff.routed_experts(
             x, ids, w, wgu, wd, implementation="cuda", save_activations=False, tuning=tuning))

@@ -31,6 +31,8 @@ def _clean_environment(monkeypatch):
 
 @pytest.mark.parametrize("make,message", [
     (lambda: KernelTuning(pregather_x=1), r"KernelTuning.pregather_x must be None, True or False"),
+    (lambda: KernelTuning(pregather_backward="auto"),
+     r"KernelTuning.pregather_backward must be None, True or False, got 'auto'"),
     (lambda: KernelTuning(gemm="wgmma"), r"KernelTuning.gemm must be one of \('auto', 'simt'\)"),
     (lambda: PeerTuning(copy="dma"), r"PeerTuning.copy must be one of \('ce', 'sm'\)"),
     (lambda: PeerTuning(check="never"), r"PeerTuning.check must be one of"),
@@ -54,6 +56,18 @@ def test_pregather_heuristic():
     assert KernelTuning().pregather_for(2048, 511 * 32, 32) is False
     assert KernelTuning(pregather_x=False).pregather_for(14336, 10**6, 8) is False
     assert KernelTuning(pregather_x=True).pregather_for(768, 8, 8) is True
+
+
+def test_pregather_backward_heuristic():
+    """The backward copies x and dy for F >= 2048 (S2-S6), not below (S1); each choice is its own
+    field: the forward's never decides the backward's."""
+    for ffn, want in {768: False, 2047: False, 2048: True, 14336: True}.items():
+        assert tuning.pregather_backward_heuristic(ffn) is want, ffn
+        assert KernelTuning().pregather_for(ffn, 8, 8, backward=True) is want, ffn
+    assert KernelTuning(pregather_x=True).pregather_for(768, 8, 8, backward=True) is False
+    assert KernelTuning(pregather_backward=True).pregather_for(768, 8, 8, backward=True) is True
+    assert KernelTuning(pregather_backward=False).pregather_for(4096, 8, 8) is True
+    assert tuning.parse_tuning("pregather_backward=0") == {"pregather_backward": False}
 
 
 def test_parse_tuning_is_strict():
@@ -144,6 +158,16 @@ def test_attributes_follow_the_contract(monkeypatch):
                                ffn_size=768, assignments=8192 * 8, num_experts=64)
     assert fused == {"pregather_x": 0, "gemm": 0, "copy_engine": 1, "sync_check": 1,
                      "timeout_ms": 10_000, "ctas_per_sm": 2}
+    # A backward target's pregather_x is the backward's choice: S2's forward keeps x in token
+    # order (256 rows per expert), its backward copies x and dy (F = 2048); S1 the reverse of
+    # neither.
+    s2 = dict(ffn_size=2048, assignments=8192 * 8, num_experts=256)
+    for target in targets.KERNEL_TARGETS + targets.FUSED_PEER_TARGETS:
+        want = target in targets.BACKWARD_TARGETS
+        got = targets.attributes(target, kernel=KernelTuning(), peer=PeerTuning(), **s2)
+        assert got["pregather_x"] == want, target
+    assert targets.attributes("mok_moe_bwd", kernel=KernelTuning(pregather_backward=False),
+                              **s2)["pregather_x"] == 0
     with pytest.raises(ValueError, match="'mok_home_sum' takes no tuning attributes"):
         targets.attributes("mok_home_sum")
     with pytest.raises(ValueError, match="'mok_ep_moe_bwd' needs KernelTuning PeerTuning"):
@@ -168,7 +192,7 @@ def test_tuning_reaches_the_lowered_program(monkeypatch):
     config = jax_mok.MoEConfig(num_experts=8, top_k=2, hidden_size=64, ffn_size=32)
     params = testing.random_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (16, 64))
-    tuned = Tuning(kernel=KernelTuning(pregather_x=True, gemm="simt"),
+    tuned = Tuning(kernel=KernelTuning(pregather_x=True, pregather_backward=True, gemm="simt"),
                    peer=PeerTuning(copy="sm", timeout_ms=2000))
 
     def lowered(**kw):
@@ -181,6 +205,10 @@ def test_tuning_reaches_the_lowered_program(monkeypatch):
         assert "gemm = 1 : i32" in attrs and "pregather_x = 1 : i32" in attrs, attrs
     default = _custom_calls(lowered())["mok_moe_fwd"][0]
     assert "gemm = 0 : i32" in default and "pregather_x = 0 : i32" in default, default
+    # the backward's own field, not the forward's
+    one = _custom_calls(lowered(tuning=Tuning(kernel=KernelTuning(pregather_x=True))))
+    assert "pregather_x = 1 : i32" in one["mok_moe_fwd"][0], one
+    assert "pregather_x = 0 : i32" in one["mok_moe_bwd"][0], one
     monkeypatch.setenv("JAX_MOK_TUNING", "gemm=simt")
     assert "gemm = 1 : i32" in _custom_calls(lowered())["mok_moe_fwd"][0]
     monkeypatch.delenv("JAX_MOK_TUNING")

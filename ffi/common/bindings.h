@@ -17,8 +17,9 @@ namespace mok {
 // (Python resolves every heuristic; the values reach the handler as they are).
 struct KernelOptions {
   // 1: the forward copies x once into expert order so that the gate/up GEMM loads A by TMA (pays
-  // for long GEMMs: large F, many rows per expert); 0: that GEMM gathers rows as it loads them.
-  // Only the CUDA wgmma path reads it (the backward gathers x and dy whenever it runs wgmma).
+  // for long GEMMs: large F, many rows per expert), the backward copies x and dy so that its
+  // weight-gradient GEMMs and dy·Wd^T load them by TMA; 0: those GEMMs gather rows as they load
+  // them. Only the CUDA wgmma path reads it; Python resolves it per target (jax_mok.tuning).
   int32_t pregather_x = 0;
   // 0: auto (the wgmma tensor-core kernels for bfloat16, the SIMT kernels for float32);
   // 1: the SIMT kernels for every dtype (the test oracle of the wgmma path). CPU: ignored.

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mok.kernels import vma
-from jax_mok.tuning import GEMMS, KernelTuning, PeerTuning
+from jax_mok.tuning import GEMMS, KernelTuning, PeerTuning, pregather_backward_heuristic
 
 # True: every call carries its tuning attributes, which the extensions' handlers bind
 # (docs/ffi-contract.md). An extension built before they existed rejects them with an attribute
@@ -39,6 +39,9 @@ KERNEL_TARGETS = ("mok_moe_fwd", "mok_moe_fwd_train", "mok_moe_bwd", "mok_moe_bw
 STAGED_PEER_TARGETS = ("mok_ep_dispatch", "mok_ep_combine")
 FUSED_PEER_TARGETS = ("mok_ep_moe_fwd", "mok_ep_moe_fwd_train", "mok_ep_moe_bwd",
                       "mok_ep_moe_fwd_train_recompute", "mok_ep_moe_bwd_recompute")
+# Their attribute pregather_x is the backward's choice (x and dy copied into expert order).
+BACKWARD_TARGETS = ("mok_moe_bwd", "mok_moe_bwd_saved", "mok_ep_moe_bwd",
+                    "mok_ep_moe_bwd_recompute")
 
 
 def attributes(target: str, *, kernel: KernelTuning | None = None,
@@ -48,10 +51,11 @@ def attributes(target: str, *, kernel: KernelTuning | None = None,
 
     Kernel targets and the fused peer targets: ``pregather_x`` (int32 0 | 1, resolved here from
     the call's shape: ``assignments`` = rows x k over ``num_experts`` experts of width
-    ``ffn_size``) and ``gemm`` (int32: the index in :data:`jax_mok.tuning.GEMMS`). Peer targets:
-    ``copy_engine``, ``sync_check`` (int32 0 | 1), ``timeout_ms`` (int64), ``ctas_per_sm``
-    (int32). ``workspace_id`` and ``phase`` are operands of the call, not tuning: the callers
-    add them.
+    ``ffn_size``; for :data:`BACKWARD_TARGETS` the backward's choice, KernelTuning's
+    ``pregather_backward``) and ``gemm`` (int32: the index in :data:`jax_mok.tuning.GEMMS`).
+    Peer targets: ``copy_engine``, ``sync_check`` (int32 0 | 1), ``timeout_ms`` (int64),
+    ``ctas_per_sm`` (int32). ``workspace_id`` and ``phase`` are operands of the call, not
+    tuning: the callers add them.
     """
     kernel_side = target in KERNEL_TARGETS or target in FUSED_PEER_TARGETS
     peer_side = target in STAGED_PEER_TARGETS or target in FUSED_PEER_TARGETS
@@ -65,7 +69,8 @@ def attributes(target: str, *, kernel: KernelTuning | None = None,
         return {}
     attrs: dict[str, np.generic] = {}
     if kernel_side:
-        attrs["pregather_x"] = np.int32(kernel.pregather_for(ffn_size, assignments, num_experts))
+        attrs["pregather_x"] = np.int32(kernel.pregather_for(
+            ffn_size, assignments, num_experts, backward=target in BACKWARD_TARGETS))
         attrs["gemm"] = np.int32(GEMMS.index(kernel.gemm))
     if peer_side:
         attrs["copy_engine"] = np.int32(peer.copy == "ce")
@@ -323,13 +328,16 @@ FP8_WEIGHT_GRADS = {"fp8": 0, "unquantized": 1}  # the backward's attribute weig
 
 
 def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_down_bwd,
-                 w_gate_up_bwd, h, recipe: str, weight_grads: str = "fp8"):
+                 w_gate_up_bwd, h, recipe: str, weight_grads: str = "fp8",
+                 pregather: bool | None = None):
     """``mok_moe_bwd_fp8`` (``h`` given: ``mok_moe_bwd_saved_fp8``) -> ``(dx [T, H],
     d_topk_weights [T, k] f32, d_w_gate_up [E, H, 2F], d_w_down [E, F, H])`` in dy's dtype.
     ``w_gate_up_fwd`` (the forward's layout) recomputes h; with ``h`` given it is not read and may
     be None, so that a caller need not keep it alive until the backward. ``weight_grads``:
     ``"fp8"`` (FP8 GEMMs on the operands quantized along tokens) or ``"unquantized"`` (GEMMs in
-    dy's dtype on x, dy, w·a and dh as they are)."""
+    dy's dtype on x, dy, w·a and dh as they are). ``pregather`` (unquantized weight gradients):
+    x and dy copied into expert order for those GEMMs, or gathered by them (the same bits);
+    ``None``: :func:`jax_mok.tuning.pregather_backward_heuristic`."""
     E, H, two_f = w_gate_up_bwd[0].shape
     T, k = topk_ids.shape
     dtype = dy.dtype
@@ -338,7 +346,9 @@ def fp8_backward(dy, dy_q, x2d, x_q, topk_ids, topk_weights, w_gate_up_fwd, w_do
             jax.ShapeDtypeStruct((E, two_f // 2, H), dtype))
     head = [dy, *dy_q, x2d, *x_q, topk_ids, topk_weights]
     attrs = {"recipe": np.int32(FP8_RECIPES[recipe]),
-             "weight_grads": np.int32(FP8_WEIGHT_GRADS[weight_grads])}
+             "weight_grads": np.int32(FP8_WEIGHT_GRADS[weight_grads]),
+             "pregather_x": np.int32(pregather_backward_heuristic(two_f // 2)
+                                     if pregather is None else pregather)}
     if h is not None:
         return _call("mok_moe_bwd_saved_fp8", outs, *head, *w_down_bwd, *w_gate_up_bwd, h,
                      attrs=attrs)
@@ -395,6 +405,7 @@ def quantize_weight_both(w, recipe: str):
 __all__ = [
     "FP8_RECIPES",
     "FUSED_PEER_TARGETS",
+    "BACKWARD_TARGETS",
     "KERNEL_TARGETS",
     "STAGED_PEER_TARGETS",
     "attributes",

@@ -279,47 +279,55 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    // A routed-M warpgroup none of whose 64 rows is in the tile (an expert with at most 64
+    // positions in its last tile: decode-sized batches) issues no wgmma and no promotion; it
+    // still waits for each stage to fill before handing it back, so its arrivals stay in step
+    // with the ring. Its accumulators stay zero, and no epilogue stores a row past w.rows.
+    // (The weight gradients' M is H or F: a multiple of 128 in the FP8 layer.)
+    const bool idle = kShape == TileShape::kRoutedM && 64 * wg >= w.rows;
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
       mbar_wait(&s.full[stage], phase);
       fence_proxy_async();  // cp.async wrote A through the generic proxy; wgmma reads async
+      if (!idle) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int g = 0; g < kSteps / kGroupSteps<R>; ++g) {
-          // One promotion group is one wgmma batch: a single fence before its first wgmma and
-          // a single commit after its last. A fence or commit between two wgmmas of a batch
-          // makes each wait for the previous one's accumulator (SASS: an ARRIVE and a
-          // scoreboard per QGMMA), so the steps would run one latency apart instead of back to
-          // back in the tensor pipe.
-          mma.accumulate_ = GMMA::ScaleOut::Zero;
-          warpgroup_fence_operand(part);
-          warpgroup_arrive();
+          for (int g = 0; g < kSteps / kGroupSteps<R>; ++g) {
+            // One promotion group is one wgmma batch: a single fence before its first wgmma and
+            // a single commit after its last. A fence or commit between two wgmmas of a batch
+            // makes each wait for the previous one's accumulator (SASS: an ARRIVE and a
+            // scoreboard per QGMMA), so the steps would run one latency apart instead of back to
+            // back in the tensor pipe.
+            mma.accumulate_ = GMMA::ScaleOut::Zero;
+            warpgroup_fence_operand(part);
+            warpgroup_arrive();
 #pragma unroll
-          for (int j = g * kGroupSteps<R>; j < (g + 1) * kGroupSteps<R>; ++j) {
-            if (h == 0)
-              gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
-            else
-              gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
-            mma.accumulate_ = GMMA::ScaleOut::One;
-          }
-          warpgroup_commit_batch();
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(part);
-          const int js = R == Recipe::kMx ? g : 0;  // the group's scale step
-          const float a0 = __uint_as_float(s.sa[stage][js][r0]);
-          const float a1 = __uint_as_float(s.sa[stage][js][r1]);
-          if constexpr (kBPerRow) {
-            const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
+            for (int j = g * kGroupSteps<R>; j < (g + 1) * kGroupSteps<R>; ++j) {
+              if (h == 0)
+                gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
+              else
+                gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
+              mma.accumulate_ = GMMA::ScaleOut::One;
+            }
+            warpgroup_commit_batch();
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(part);
+            const int js = R == Recipe::kMx ? g : 0;  // the group's scale step
+            const float a0 = __uint_as_float(s.sa[stage][js][r0]);
+            const float a1 = __uint_as_float(s.sa[stage][js][r1]);
+            if constexpr (kBPerRow) {
+              const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
 #pragma unroll
-            for (int i = 0; i < 64; ++i)
-              acc[i + 64 * h] =
-                  fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
-          } else {
-            const float b = __uint_as_float(s.sb[stage][0][h]);
-            const float f0 = a0 * b, f1 = a1 * b;
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] =
+                    fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
+            } else {
+              const float b = __uint_as_float(s.sb[stage][0][h]);
+              const float f0 = a0 * b, f1 = a1 * b;
 #pragma unroll
-            for (int i = 0; i < 64; ++i)
-              acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
+            }
           }
         }
       }

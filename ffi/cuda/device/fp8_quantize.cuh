@@ -358,8 +358,11 @@ __global__ void __launch_bounds__(256)
 
   // Along A: thread (column c, block q) quantizes rows 32q..32q+31 of column c (consecutive
   // threads read consecutive columns: no bank conflicts) and writes them as two 16-byte vectors
-  // of output row b0 + c.
+  // of output row b0 + c. mxfp8: the 4 block bytes of output row b0 + c (two threads' two
+  // passes) meet in shared memory and leave as one 32-bit store per row; stored byte by byte,
+  // they were a third of the tile's store transactions, each a 1-byte partial sector.
   if (along_a.values) {
+    __shared__ uint32_t row_scales[kWTile];
     const int c = tid & 127;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
@@ -386,7 +389,13 @@ __global__ void __launch_bounds__(256)
       dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
       dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
       if constexpr (R == Recipe::kMx)
-        along_a.scales[row * (a_dim / 32) + a0 / 32 + q] = static_cast<uint8_t>(s.stored);
+        reinterpret_cast<uint8_t*>(row_scales)[4 * c + q] = static_cast<uint8_t>(s.stored);
+    }
+    if constexpr (R == Recipe::kMx) {
+      __syncthreads();
+      if (tid < kWTile)  // a_dim / 32 and a0 / 32 are multiples of 4: aligned words
+        *reinterpret_cast<uint32_t*>(along_a.scales + (e * b_dim + b0 + tid) * (a_dim / 32) +
+                                     a0 / 32) = row_scales[tid];
     }
   }
 }

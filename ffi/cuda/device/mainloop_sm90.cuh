@@ -4,7 +4,8 @@
 //                    A (routed rows) comes by cp.async, arrival on `full[s]` tied to the copies'
 //                    completion (cp.async.mbarrier.arrive.noinc); with kTmaA (A not gathered) A
 //                    comes by TMA as well and one thread drives the ring. Routed-K (weight
-//                    gradients) is kTmaA only: both operands, already in expert order, by TMA.
+//                    gradients): both operands by TMA when both are in expert order (kTmaA), else
+//                    one of them gathered position by position by cp.async.
 //   warpgroups 1, 2  consumers: wgmma 64×BN×16 each (CuTe SS atoms), then the fused epilogue
 //                    straight from registers, while the producer already fills the next tile.
 // Tile order, operand addressing and epilogues are shared with the SIMT oracle (simt.cuh).
@@ -19,10 +20,10 @@
 
 namespace mok::cuda {
 
-// kTmaA: A arrives by TMA as well as B (routed-K: always, for operands already in expert order).
+// kTmaA: A arrives by TMA as well as B. Routed-K: both operands by TMA (kTmaA), or one of them
+// (A or B: GemmParams::a_gather / b_gather) gathered by the producer's threads.
 template <Mode kMode, bool kTmaA>
 struct WgmmaConfig {
-  static_assert(kTmaA || kMode != Mode::kRoutedK, "routed-K: both operands by TMA");
   static constexpr int BM = kTileM, BN = kWgmmaBN, BK = kWgmmaBK, kStages = kWgmmaStages;
   static constexpr int kThreads = 384;
   using Elem = cute::bfloat16_t;
@@ -34,11 +35,12 @@ struct WgmmaConfig {
   using Atom =
       std::conditional_t<kMajor == cute::GMMA::Major::K, cute::GMMA::Layout_K_SW128_Atom<Elem>,
                          cute::GMMA::Layout_MN_SW128_Atom<Elem>>;
-  // With TMA, an MN-major operand tiles K before MN so that each 64(mn)×64(k) box is 8 KB
-  // contiguous (routed-K A; B of routed-BN and routed-K).
-  using OrderA = std::conditional_t<kTmaA && kMajorA == cute::GMMA::Major::MN,
-                                    cute::Step<cute::_2, cute::_1, cute::_3>,
-                                    cute::Step<cute::_1, cute::_2, cute::_3>>;
+  // An MN-major operand tiles K before MN so that each 64(mn)×64(k) box is 8 KB contiguous, as
+  // TMA writes it (routed-K A and B; B of routed-BN). A gathered routed-K operand is written in
+  // the same boxes, so zero_tail_rows serves both ways of loading.
+  using OrderA =
+      std::conditional_t<kMajorA == cute::GMMA::Major::MN, cute::Step<cute::_2, cute::_1, cute::_3>,
+                         cute::Step<cute::_1, cute::_2, cute::_3>>;
   using SmemLayoutA = decltype(cute::tile_to_shape(
       Atom<kMajorA>{}, cute::Shape<cute::Int<BM>, cute::Int<BK>, cute::Int<kStages>>{},
       OrderA{}));  // (BM,BK,STAGES)
@@ -121,6 +123,96 @@ __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkT
   }
 }
 
+// One thread's share of a gathered routed-K stage: chunk `chunk` of every box of 4 positions,
+// `first_line` + 4i (i < 4). The 8 threads of a position copy one 128-byte line of each box
+// together, so each cp.async instruction of a warp reads 4 whole lines (coalesced). In the
+// K-before-MN boxes (WgmmaConfig: 64(mn) × 64(k), a position is one 128-byte line) chunk c of
+// line k of box b sits at b·8192 + k·128 + ((c ^ (k & 7)) << 4): swizzled<Layout>(64·b + 8·c, k)
+// written out (checked against CuTe's layouts for A's 128 and B's 256 columns), so no address is
+// derived from a runtime column. `rows[i]`: position i's row at the tile's first column plus
+// this thread's chunk, nullptr past the expert's count; `cols`: the columns left from the
+// tile's first one (M or N minus it; a multiple of 8).
+template <int kBoxes>
+__device__ __forceinline__ void gathered_positions(const bf16* const (&rows)[4], const bf16* any,
+                                                   int cols, uint32_t stage, int first_line,
+                                                   int chunk) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int line = first_line + 4 * i;
+    const uint32_t at = stage + line * 128 + ((chunk ^ (line & 7)) << 4);
+#pragma unroll
+    for (int box = 0; box < kBoxes; ++box) {
+      const bool ok = rows[i] != nullptr && 64 * box + 8 * chunk < cols;
+      cp_async_16(at + box * 8192, ok ? rows[i] + 64 * box : any, ok);
+    }
+  }
+}
+
+// Routed-K with one operand gathered (the weight gradients on x or dy in token order): per
+// k-block of 64 positions, warp w copies positions 16w..16w+15 of the gathered operand (all its
+// boxes of 64 columns, 16-byte chunks), while thread 0 loads the other operand's boxes by TMA.
+// The positions' tokens come from the gather table one k-block ahead (lane l < 16 loads
+// position 16w + l's; the loads are in flight while the stage is waited for) and reach the
+// lanes that copy them by shuffles. Positions past the expert's count and columns past M (A) or
+// N (B) are zero-filled; the consumers zero the tail positions of both operands as on the TMA
+// path.
+template <class Cfg>
+__device__ void wgrad_gathered_producer(const GemmParams& p, const int* s_prefix,
+                                        const int* s_offset, uint64_t* full, uint64_t* empty,
+                                        uint32_t sa, uint32_t sb, int t) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
+  static_assert(BK == 64, "4 warps × 16 positions per k-block");
+  const bool gather_a = p.a_gather != nullptr;  // else B is the gathered one (host: launch.h)
+  const int* gather = gather_a ? p.a_gather : p.b_gather;
+  const bf16* src = static_cast<const bf16*>(gather_a ? p.a : p.b);
+  const int64_t ld = gather_a ? p.lda : p.ldb;
+  const int lane = t & 31, chunk = t & 7, sub = lane >> 3;
+  const int mine = 16 * (t >> 5) + (lane & 15);  // the position whose token this lane loads
+  const int first_line = 16 * (t >> 5) + sub;    // the positions this thread copies: + 4i
+  const int total = total_tiles<Mode::kRoutedK>(p, s_prefix);
+  PipelineState<kStages> pipe;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const WorkTile w = decode_tile<Mode::kRoutedK>(p, tile, s_prefix, s_offset);
+    const int col0 = (gather_a ? w.row0 : w.n_tile * BN) + 8 * chunk;
+    const int cols = (gather_a ? p.M : p.N) - (col0 - 8 * chunk);
+    int next = mine < w.k_len ? gather[w.k_off + mine] : -1;
+    for (int k0 = 0; k0 < w.k_len; k0 += BK) {
+      const int token = next;
+      next = k0 + BK + mine < w.k_len ? gather[w.k_off + k0 + BK + mine] : -1;
+      const bf16* rows[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = __shfl_sync(0xffffffffu, token, sub + 4 * i);
+        rows[i] = tok >= 0 ? src + tok * ld + col0 : nullptr;
+      }
+      mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);
+      const uint32_t stage_a = sa + pipe.stage * Cfg::kStageBytesA;
+      const uint32_t stage_b = sb + pipe.stage * Cfg::kStageBytesB;
+      if (t == 0) {  // the operand in expert order: 64(mn) × 64(k) boxes at (column, position)
+        const int pos = w.k_off + k0;
+        if (gather_a) {
+          mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j)
+            tma_load_2d(stage_b + j * 8192, &p.tmap_b, &full[pipe.stage], w.n_tile * BN + 64 * j,
+                        pos);
+        } else {
+          mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesA);
+#pragma unroll
+          for (int j = 0; j < BM / 64; ++j)
+            tma_load_2d(stage_a + j * 8192, &p.tmap_a, &full[pipe.stage], w.row0 + 64 * j, pos);
+        }
+      }
+      if (gather_a)
+        gathered_positions<BM / 64>(rows, src, cols, stage_a, first_line, chunk);
+      else
+        gathered_positions<BN / 64>(rows, src, cols, stage_b, first_line, chunk);
+      mbar_arrive_cp_async(&full[pipe.stage]);
+      pipe.advance();
+    }
+  }
+}
+
 // The producer role (warpgroup 0; thread t of 128): fills the ring stage by stage, waiting for a
 // stage to be free (`empty`) and completing `full` by the copies' arrival. s_rows: Storage::rows.
 template <Mode kMode, bool kTmaA>
@@ -164,8 +256,10 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
+  } else if constexpr (kMode == Mode::kRoutedK) {
+    wgrad_gathered_producer<Cfg>(p, s_prefix, s_offset, full, empty, sa, sb, t);
   } else {
-    // A gathered (routed-M only: WgmmaConfig): 128 threads copy A, thread 0 issues B's TMA boxes.
+    // A gathered (routed-M): 128 threads copy A, thread 0 issues B's TMA boxes.
     // The sources of a thread's 8 chunks are made once per tile (a stage adds k0 and issues):
     // read back from the row table and rebuilt in every stage, they made the producer's
     // per-stage work a chain of shared loads, compares and 64-bit adds per chunk.
@@ -237,7 +331,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     int prev = -1;
     for (int k0 = 0; k0 < w.k_len; k0 += BK) {
       mbar_wait(&full[pipe.stage], pipe.phase);
-      if constexpr (kMode == Mode::kRoutedK && kTmaA) {
+      if constexpr (kMode == Mode::kRoutedK) {
         if (w.k_len - k0 < BK)
           zero_tail_rows<BM / 64, BN / 64>(smem_u32(ring_a) + pipe.stage * Cfg::kStageBytesA,
                                            smem_u32(ring_b) + pipe.stage * Cfg::kStageBytesB,

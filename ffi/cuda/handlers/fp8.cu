@@ -20,7 +20,9 @@
 // dim), 2 fp8_block (scales float32: 1x128 for activations, 128x128 blocks for weights).
 // Attribute `weight_grads` (int32, the backward handlers): 0 FP8 weight-gradient GEMMs on the
 // operands quantized along tokens, 1 the routed-K GEMMs in dy's dtype on the unquantized operands
-// (MoEConfig.fp8_weight_gradients).
+// (MoEConfig.fp8_weight_gradients). Attribute `pregather_x` (int32, the backward handlers): with
+// weight_grads = 1 on the wgmma path, 1 copies x and dy into expert order for those GEMMs, 0 lets
+// them gather their token-order operand themselves (the same bits either way).
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -172,10 +174,13 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
                         const AnyBuffer* wgu_fs, AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b,
                         AnyBuffer wgu_bs, const AnyBuffer* h, ffi::Result<AnyBuffer> dx,
                         ffi::Result<AnyBuffer> d_w, ffi::Result<AnyBuffer> d_wgu,
-                        ffi::Result<AnyBuffer> d_wd, int32_t recipe, int32_t weight_grads) {
+                        ffi::Result<AnyBuffer> d_wd, int32_t recipe, int32_t weight_grads,
+                        int32_t pregather_x) {
   MOK_RETURN_IF_ERROR(Fp8Prologue(recipe));
   MOK_CHECK(weight_grads == 0 || weight_grads == 1,
             "weight_grads must be 0 (FP8) or 1 (unquantized), got ", weight_grads);
+  MOK_CHECK(pregather_x == 0 || pregather_x == 1,
+            "attribute pregather_x must be 0 (off) or 1 (on), got ", pregather_x);
   Problem pr;
   MOK_RETURN_IF_ERROR(ReadFp8Problem(x_q, ids, w, wd_b, true, dy.element_type(), &pr));
   const int64_t T = pr.tokens, H = pr.hidden, F = pr.ffn, E = pr.experts;
@@ -209,6 +214,7 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
   op.w = static_cast<const float*>(w.untyped_data());
   op.h_saved = h ? h->untyped_data() : nullptr;
   op.unquantized_weight_grads = weight_grads == 1;
+  op.pregather_x = pregather_x;
   return DispatchDtype(pr.dtype, [&](auto tag) {
     using T_ = decltype(tag);
     return Backward8<T_>(
@@ -224,10 +230,10 @@ ffi::Error MoeBwdFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
                      AnyBuffer wd_b, AnyBuffer wd_bs, AnyBuffer wgu_b, AnyBuffer wgu_bs,
                      ffi::Result<AnyBuffer> dx, ffi::Result<AnyBuffer> d_w,
                      ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd, int32_t recipe,
-                     int32_t weight_grads) {
+                     int32_t weight_grads, int32_t pregather_x) {
   return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, &wgu_f, &wgu_fs,
                       wd_b, wd_bs, wgu_b, wgu_bs, nullptr, dx, d_w, d_wgu, d_wd, recipe,
-                      weight_grads);
+                      weight_grads, pregather_x);
 }
 
 ffi::Error MoeBwdSavedFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
@@ -236,10 +242,10 @@ ffi::Error MoeBwdSavedFp8(cudaStream_t stream, ffi::ScratchAllocator scratch, in
                           AnyBuffer wd_bs, AnyBuffer wgu_b, AnyBuffer wgu_bs, AnyBuffer h,
                           ffi::Result<AnyBuffer> dx, ffi::Result<AnyBuffer> d_w,
                           ffi::Result<AnyBuffer> d_wgu, ffi::Result<AnyBuffer> d_wd, int32_t recipe,
-                          int32_t weight_grads) {
+                          int32_t weight_grads, int32_t pregather_x) {
   return BackwardCall(stream, scratch, device, dy, dy_q, dy_s, x, x_q, x_s, ids, w, nullptr,
                       nullptr, wd_b, wd_bs, wgu_b, wgu_bs, &h, dx, d_w, d_wgu, d_wd, recipe,
-                      weight_grads);
+                      weight_grads, pregather_x);
 }
 
 ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Result<AnyBuffer> values,
@@ -347,12 +353,14 @@ namespace {
 // w_down_b [E, F, H] + scales, w_gate_up_b [E, H, 2F] + scales.
 auto Fp8BackwardOperands() { return mok::AppendBuffers<14>(mok::cuda::BindStreamScratchDevice()); }
 
-// dx, d_topk_weights, d_w_gate_up, d_w_down; the recipe and the weight gradients' kind.
+// dx, d_topk_weights, d_w_gate_up, d_w_down; the recipe, the weight gradients' kind and whether
+// their operands are copied into expert order.
 template <typename Binding>
 auto Fp8GradientRets(Binding&& b) {
   return mok::AppendGradientRets(std::move(b))
       .template Attr<int32_t>("recipe")
-      .template Attr<int32_t>("weight_grads");
+      .template Attr<int32_t>("weight_grads")
+      .template Attr<int32_t>("pregather_x");
 }
 }  // namespace
 

@@ -75,8 +75,8 @@ ExpertOrderRows InExpertOrder(const T* tokens, const T* sorted, const Routing& r
   return sorted ? ExpertOrderRows{sorted, nullptr} : ExpertOrderRows{tokens, r.sorted_token};
 }
 
-// x and dy gathered once into expert order (the backward's operands of dy·Wd^T and of the
-// weight-gradient GEMMs, which then load them by TMA), as one phase.
+// x and dy copied once into expert order (Plan::pregather_x in a backward: the weight-gradient
+// GEMMs then load both operands by TMA, and dy·Wd^T its A), as one phase.
 template <class T>
 ffi::Error GatherXDy(const Routing& r, const T* x, const T* dy, int64_t hidden, T* x_sorted,
                      T* dy_sorted, int sms, cudaStream_t stream) {
@@ -110,10 +110,11 @@ inline GemmParams RoutedParams(const Routing& r, const float* topk_weights) {
 }
 
 #ifdef JAX_MOK_HAVE_CUTLASS
-// The wgmma kernel, staged where the plan says and the kernel can (plain row outputs, A by TMA).
+// The wgmma kernel, staged where the plan says and the kernel can (plain row outputs).
 template <Mode kMode, Epi kEpi, bool kTmaA>
 cudaError_t LaunchWgmma(const GemmParams& p, const Plan& plan, cudaStream_t stream) {
-  if constexpr (kStagedEpilogue<kEpi> && kTmaA) {
+  // (Routed-M kernels with a gathered A have SwiGLU epilogues, never a staged one.)
+  if constexpr (kStagedEpilogue<kEpi>) {
     if (plan.staged_stores) return launch_wgmma_gemm<kMode, kEpi, kTmaA, true>(p, plan.sms, stream);
   }
   return launch_wgmma_gemm<kMode, kEpi, kTmaA, false>(p, plan.sms, stream);
@@ -123,7 +124,8 @@ cudaError_t LaunchWgmma(const GemmParams& p, const Plan& plan, cudaStream_t stre
 //   kSwiGLU, kSwiGLUSave (forward gate/up): by TMA when x was gathered into expert order
 //     (Plan::pregather_x), else gathered row by row by cp.async;
 //   kStoreGLU (the backward's recompute of h): by cp.async (its TMA-A variant has not run on a
-//   GPU); kWeighted, kStoreRows, kSwiGLUBwd: by TMA (their A is never gathered on the wgmma path).
+//   GPU); kSwiGLUBwd (dy·Wd^T): gathered (dy in token order); kWeighted, kStoreRows: by TMA
+//   (their A is never gathered on the wgmma path).
 template <Mode kMode, Epi kEpi>
 cudaError_t LaunchRoutedM(GemmParams& p, const GemmNames& names, const Plan& plan,
                           cudaStream_t stream, ffi::Error* error) {
@@ -132,7 +134,7 @@ cudaError_t LaunchRoutedM(GemmParams& p, const GemmNames& names, const Plan& pla
   if constexpr (kEpi == Epi::kStoreGLU) {
     return LaunchWgmma<kMode, kEpi, false>(p, plan, stream);
   } else {
-    if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave) {
+    if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave || kEpi == Epi::kSwiGLUBwd) {
       if (p.a_gather != nullptr) return LaunchWgmma<kMode, kEpi, false>(p, plan, stream);
     }
     *error = MakeActivationTensorMap(p, names);
@@ -157,7 +159,11 @@ ffi::Error RunGemm(const GemmNames& names, GemmParams p, const Plan& plan, cudaS
         MOK_RETURN_IF_ERROR(MakeWgradTensorMaps(p, names));
         if (kStagedEpilogue<kEpi> && plan.staged_stores)
           MOK_RETURN_IF_ERROR(MakeOutputTensorMap(p, kMode, names));
-        return Stage(names.phase, LaunchWgmma<kMode, kEpi, true>(p, plan, stream), stream);
+        const bool gathered = p.a_gather != nullptr || p.b_gather != nullptr;
+        return Stage(names.phase,
+                     gathered ? LaunchWgmma<kMode, kEpi, false>(p, plan, stream)
+                              : LaunchWgmma<kMode, kEpi, true>(p, plan, stream),
+                     stream);
       } else {
         ffi::Error error = ffi::Error::Success();
         const cudaError_t launched = LaunchRoutedM<kMode, kEpi>(p, names, plan, stream, &error);

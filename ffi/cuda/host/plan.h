@@ -12,10 +12,11 @@ namespace mok::cuda {
 struct Plan {
   // The wgmma tensor-core kernels (bfloat16, a build with the CUTLASS headers, gemm = auto); else
   // the SIMT kernels. The wgmma kernels load the weights by TMA and A by TMA wherever A is not
-  // gathered; their backward gathers x and dy once into expert order, so that the weight-gradient
-  // GEMMs load both operands by TMA.
+  // gathered.
   bool wgmma = false;
-  // Forward, wgmma only: x gathered once into expert order (KernelOptions::pregather_x).
+  // wgmma only (KernelOptions::pregather_x): a forward copies x once into expert order (the
+  // gate/up GEMM's A then by TMA); a backward copies x and dy (the weight-gradient GEMMs' operands
+  // and dy·Wd^T's A then by TMA). Off, those GEMMs gather the token-order rows themselves.
   bool pregather_x = false;
   // wgmma only: the plain row outputs (the down GEMM's weighted rows, dh·Wguᵀ, the weight
   // gradients) go out through a shared-memory staging area in 16-byte stores, where that area fits

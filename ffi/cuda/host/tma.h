@@ -118,11 +118,14 @@ inline ffi::Error MakeActivationTensorMap(GemmParams& p, const GemmNames& names)
 // one MN-major 64×64 block of a shared-memory tile each. Zero fill past M / N and past the last
 // row; rows of the next expert inside a k-block are zeroed by the consumers.
 inline ffi::Error MakeWgradTensorMaps(GemmParams& p, const GemmNames& names) {
-  MOK_CHECK(p.a_gather == nullptr && p.b_gather == nullptr && p.a_rows > 0, names.phase,
-            ": the wgmma weight-gradient GEMM needs both operands in expert order, not gathered");
-  MOK_RETURN_IF_ERROR(
-      EncodeError(EncodeRowsStatus(&p.tmap_a, p.a, p.M, p.a_rows, p.lda, 64, 64), names, names.a,
-                  StrCat("(bfloat16 [", p.a_rows, ", ", p.M, "], row stride ", p.lda, ")"), p.a));
+  MOK_CHECK(!(p.a_gather != nullptr && p.b_gather != nullptr) && p.a_rows > 0, names.phase,
+            ": the wgmma weight-gradient GEMM gathers at most one operand (the other one is read "
+            "in expert order)");
+  if (p.a_gather == nullptr)
+    MOK_RETURN_IF_ERROR(
+        EncodeError(EncodeRowsStatus(&p.tmap_a, p.a, p.M, p.a_rows, p.lda, 64, 64), names, names.a,
+                    StrCat("(bfloat16 [", p.a_rows, ", ", p.M, "], row stride ", p.lda, ")"), p.a));
+  if (p.b_gather != nullptr) return ffi::Error::Success();
   return EncodeError(EncodeRowsStatus(&p.tmap_b, p.b, p.N, p.a_rows, p.ldb, 64, 64), names, names.b,
                      StrCat("(bfloat16 [", p.a_rows, ", ", p.N, "], row stride ", p.ldb, ")"), p.b);
 }

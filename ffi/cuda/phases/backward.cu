@@ -13,9 +13,11 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
   const int bn = plan.wgmma ? kWgmmaBN : kSimtBN;
   const int g_tiles = CeilDiv(F, bn);
-  // wgmma: x and dy gathered once into expert order. Every GEMM below reads those copies, and the
-  // weight-gradient GEMMs (both operands) and dy·Wd^T (A) load them by TMA.
-  const bool pregather = std::is_same_v<T, bf16> && plan.wgmma;
+  // wgmma, Plan::pregather_x: x and dy copied once into expert order; every GEMM below reads the
+  // copies, the weight-gradient GEMMs (both operands) and dy·Wd^T (A) by TMA. Otherwise no copy
+  // is made: the producers gather the rows themselves (routed-M A of the recompute and of
+  // dy·Wd^T; routed-K x of dWgu, dy of dWd).
+  const bool pregather = std::is_same_v<T, bf16> && plan.pregather_x;
   struct Buffers {
     Routing r;
     const T* h;      // [P, 2F] gate/up pre-activations (saved by the forward, or recomputed)

@@ -49,6 +49,9 @@ struct Backward8Operands {
   // T (phases/backward.cu) on x, dy, w·a and dh as they are, instead of FP8 GEMMs on their
   // token-wise quantization.
   bool unquantized_weight_grads = false;
+  // With unquantized weight gradients on the wgmma path: x and dy copied once into expert order
+  // (attribute pregather_x = 1) or gathered by the weight-gradient GEMMs themselves (0).
+  int32_t pregather_x = 0;
 };
 template <class T>
 ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& scratch,

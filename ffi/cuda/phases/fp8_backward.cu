@@ -28,13 +28,14 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     uint8_t *dh_q, *dh_s;      // dh along 2F
     uint8_t *tok_h, *tok_h_s;  // dy, then x: [H, padded] along tokens
     uint8_t *tok_f, *tok_f_s;  // w*a [F, padded], then dh [2F, padded] along tokens
-    T *x_sorted, *dy_sorted;   // [P, H] x, dy in expert order (unquantized weight gradients)
+    T *x_sorted, *dy_sorted;   // [P, H] x, dy in expert order (pregather only)
   } b;
   const bool unquantized = op.unquantized_weight_grads;
-  // The BF16 layer's plan for its weight-gradient GEMMs (default options): wgmma for bf16,
-  // with x and dy gathered once so that they load by TMA; else its SIMT kernels.
-  const Plan plan = ChoosePlan(pr, KernelOptions{}, dev);
-  const bool pregather = unquantized && plan.wgmma;
+  // The BF16 layer's plan for its weight-gradient GEMMs: wgmma for bf16, else its SIMT kernels;
+  // with op.pregather_x, x and dy copied once into expert order so that they load by TMA, else
+  // each GEMM gathers its token-order operand (x for dWgu, dy for dWd) itself.
+  const Plan plan = ChoosePlan(pr, KernelOptions{.pregather_x = op.pregather_x}, dev);
+  const bool pregather = unquantized && plan.pregather_x;
   MOK_RETURN_IF_ERROR(CarveScratch(scratch, [&](Carve& c) {
     b.r = CarveRouting(c, pr, op.ids);
     b.k_offset = c.take<int>(E + 1);
@@ -45,14 +46,14 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     b.dw_part = c.take<float>(P * g_tiles);
     b.dh_q = c.take<uint8_t>(P * 2 * F);
     b.dh_s = c.take<uint8_t>(P * 2 * F / 32);
+    b.x_sorted = pregather ? c.take<T>(P * H) : nullptr;
+    b.dy_sorted = pregather ? c.take<T>(P * H) : nullptr;
     if (!unquantized) {
       b.tok_h = c.take<uint8_t>(H * padded);
       b.tok_h_s = c.take<uint8_t>(H * padded / 32);
       b.tok_f = c.take<uint8_t>(2 * F * padded);
       b.tok_f_s = c.take<uint8_t>(2 * F * padded / 32);
     }
-    b.x_sorted = pregather ? c.take<T>(P * H) : nullptr;
-    b.dy_sorted = pregather ? c.take<T>(P * H) : nullptr;
   }));
   const Routing& r = b.r;
   const T* h = op.h_saved ? static_cast<const T*>(op.h_saved) : b.h_scratch;
