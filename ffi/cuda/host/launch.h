@@ -121,11 +121,10 @@ cudaError_t LaunchWgmma(const GemmParams& p, const Plan& plan, cudaStream_t stre
 }
 
 // The routed-M wgmma GEMM. How A arrives depends on the epilogue:
-//   kSwiGLU, kSwiGLUSave (forward gate/up): by TMA when x was gathered into expert order
-//     (Plan::pregather_x), else gathered row by row by cp.async;
+//   kSwiGLU, kSwiGLUSave (forward gate/up), kSwiGLUBwd (dy·Wd^T): by TMA when x / dy was copied
+//     into expert order (Plan::pregather_x), else gathered row by row by cp.async;
 //   kStoreGLU (the backward's recompute of h): by cp.async (its TMA-A variant has not run on a
-//   GPU); kSwiGLUBwd (dy·Wd^T): gathered (dy in token order); kWeighted, kStoreRows: by TMA
-//   (their A is never gathered on the wgmma path).
+//   GPU); kWeighted, kStoreRows: by TMA (their A is never gathered on the wgmma path).
 template <Mode kMode, Epi kEpi>
 cudaError_t LaunchRoutedM(GemmParams& p, const GemmNames& names, const Plan& plan,
                           cudaStream_t stream, ffi::Error* error) {
