@@ -48,6 +48,8 @@ mkdir -p "$OUT"
 STEPS=${1:-fp8}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.8}
+# The device machine's copy of .git can be older than the working tree it runs (it named the
+# session's first commit on every later call), so pass JAX_MOK_GIT_COMMIT=<hash> from here.
 export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PATH=/usr/local/cuda/bin:$PATH
 SUMMARY="$OUT/summary.txt"
