@@ -222,6 +222,10 @@ def _not_timed(records: list[dict]) -> list[str]:
                    if r.get("status") == "unavailable"}
     for reason in sorted(unavailable):
         lines.append(f"- n/a: {reason}")
+    fresh = [r["key"] for r in records if r.get("retried_fresh") and r.get("status") == "ok"]
+    if fresh:
+        lines += ["", "Timed alone in a fresh worker after running out of memory beside the "
+                      f"shape's other items (run.py, `_retry_oom_fresh`): {', '.join(fresh)}"]
     skipped = [r["key"] for r in records if r.get("status") == "skipped"]
     if skipped:
         lines.append(f"- skipped ({len(skipped)} items): {', '.join(skipped[:20])}"

@@ -184,7 +184,7 @@ class Orchestrator:
             "ceilings": not a.no_ceilings and self.ceilings is None,
         }
 
-    def _launch(self, name: str, spec: dict, attempt: int):
+    def _launch(self, name: str, spec: dict, attempt: int | str):
         spec_path = os.path.join(self.out_dir, "logs", f"{name}-{attempt}.spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -244,12 +244,54 @@ class Orchestrator:
                 print(f"{shape}: {failure}", flush=True)
                 if started is None:
                     break  # it fails before any item: a restart would fail the same way
+        self._retry_oom_fresh(shape, items, records, deadline)
         for item in items:
             if item["key"] not in records:
                 reason = ("time budget (--budget-s) used up" if time.time() > deadline
                           else failure)
                 records[item["key"]] = {**item, "status": "skipped", "reason": reason}
         return [records[i["key"]] for i in items]
+
+    def _retry_oom_fresh(self, shape: str, items: list[dict], records: dict[str, dict],
+                         deadline: float) -> None:
+        """Runs each item that ran out of memory after other items of its worker once more,
+        alone in a fresh worker, while the shape's budget lasts.
+
+        A worker's earlier items can leave the device heap taken or fragmented (JAX's
+        allocator keeps what it grew; torch's caching allocator and JAX share the device), so
+        such an out-of-memory says little about the item itself. The retried record replaces
+        the first (``retried_fresh``: true, ``first_reason``: the first attempt's reason); an
+        out-of-memory in the fresh worker is the item's own.
+        """
+        retry = [i for i in items
+                 if records.get(i["key"], {}).get("status") == "OOM"
+                 and records[i["key"]].get("process_items_before", 0) > 0]
+        for n, item in enumerate(retry):
+            if time.time() > deadline:
+                print(f"{item['key']}: no fresh-process retry (time budget used up)", flush=True)
+                continue
+            key = item["key"]
+            print(f"[{time.time() - self.start:7.1f}s] {key}: out of memory after other items; "
+                  "retrying alone in a fresh worker", flush=True)
+            events_path = os.path.join(self.out_dir, "logs", f"{shape}-retry{n}.jsonl")
+            spec = self._spec("shape", shape, [i["key"] for i in items if i["key"] != key],
+                              events_path, deadline)
+            spec["ceilings"] = False
+            proc, log = self._launch(shape, spec, f"retry{n}")
+            rc, killed_key = self._watch(proc, events_path)
+            log.close()
+            first = records[key]
+            fresh = next((e for e in _read_events(events_path)
+                          if e["event"] == "record" and e["key"] == key), None)
+            if fresh is None:
+                status = "timeout" if killed_key == key else "crash"
+                fresh = {**item, "status": status,
+                         "reason": f"worker exit {rc}; log tail: {_tail(log.name, 6)[-600:]}"}
+            fresh.pop("event", None)
+            fresh.update(retried_fresh=True, first_reason=first.get("reason", ""))
+            if fresh.get("status") == "OOM":
+                fresh["reason"] = "in a fresh worker too: " + fresh.get("reason", "")
+            records[key] = fresh
 
     def _watch(self, proc, events_path: str):
         """Waits for the worker; kills it when an item exceeds --item-timeout-s."""

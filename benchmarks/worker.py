@@ -156,6 +156,10 @@ class ShapeRunner:
         self.probes: dict = {}
         self.references: dict = {}
         self.t0 = spec.get("run_start", time.time())  # progress lines show the run's clock
+        # items this process ran before the current one: an out-of-memory after others may be
+        # the device heap they left (JAX's allocator keeps what it grew; torch's items share
+        # the device), so the orchestrator retries such an item in a fresh worker
+        self.items_run = 0
 
     def problem(self, routing: str):
         from benchmarks import problems
@@ -206,6 +210,8 @@ class ShapeRunner:
 
     def run_item(self, item: dict) -> dict:
         record = self.base_record(item)
+        record["process_items_before"] = self.items_run
+        self.items_run += 1
         try:
             fresh = item["routing"] not in self.references
             start = time.time()

@@ -80,3 +80,41 @@ def test_each_finished_shape_is_on_disk_before_the_next_runs(tmp_path, monkeypat
     assert [r["shape"] for r in seen_on_disk[1]] == ["S6"]
     assert [r["shape"] for r in seen_on_disk[2]] == ["S6", "S1"]
     assert not (tmp_path / "results.partial.json").exists()
+
+
+def test_an_oom_after_other_items_is_retried_alone_in_a_fresh_worker(tmp_path, monkeypatch):
+    """A worker's earlier items can leave the device heap taken (S4's FP8 fwd+bwd and B6 ran
+    out of memory after the shape's other rows, not alone): such an item runs once more alone
+    in a fresh worker and its record replaces the first; an OOM as a worker's first item is the
+    item's own and is not retried."""
+    from benchmarks import run
+    from benchmarks.worker import shape_items
+
+    args = run.parse_args(["--quick", "--shapes", "S6", "--impls", "jax_mok,B2",
+                           "--passes", "fwd", "--no-ceilings", "--out", str(tmp_path)])
+    orch = run.Orchestrator(args, str(tmp_path))
+    items = shape_items("S6", args.routing, args.passes, args.impls)[:2]
+    first, second = (i["key"] for i in items)
+    records = {
+        first: {**items[0], "status": "OOM", "reason": "own", "process_items_before": 0},
+        second: {**items[1], "status": "OOM", "reason": "heap", "process_items_before": 1},
+    }
+    launched = []
+
+    class Done:
+        pid = 0
+
+    def fake_launch(self, name, spec, attempt):
+        launched.append((attempt, spec["skip"], spec["ceilings"]))
+        with open(spec["events"], "w") as f:
+            f.write(json.dumps({"event": "record", "key": second, "status": "ok",
+                                "median_ms": 1.0, "process_items_before": 0}) + "\n")
+        return Done(), open(os.path.join(str(tmp_path), "retry.log"), "w")
+
+    monkeypatch.setattr(run.Orchestrator, "_launch", fake_launch)
+    monkeypatch.setattr(run.Orchestrator, "_watch", lambda self, proc, path: (0, None))
+    orch._retry_oom_fresh("S6", items, records, deadline=float("inf"))
+    assert launched == [("retry0", [first], False)]  # only the second item, alone
+    assert records[first]["reason"] == "own" and "retried_fresh" not in records[first]
+    assert records[second]["status"] == "ok" and records[second]["retried_fresh"]
+    assert records[second]["first_reason"] == "heap"
