@@ -17,4 +17,4 @@ OUT=$OUT EXT_DIR=.device/ext-dev BENCH_TIMEOUT=300 BENCH_ARGS="--routing balance
 OUT=$OUT EXT_DIR=.device/ext-dev NCU_KERNEL=fp8_gemm_kernel NCU_SHAPE=S2 NCU_RECIPE=fp8_block \
   NCU_COUNT=2 NCU_TIMEOUT=200 tools/gpu_round.sh ncu
 cd $OUT && grep -E "_gemm_kernel|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Hit|L2 Hit|Memory Throughput|dram__bytes" ncu_*_details.log | cut -c1-140 | head -30
-tar czf ncu.tgz ncu_* && rm -f ncu_*.log
+# (gpu_round.sh had already put the ncu logs into logs.tgz)
