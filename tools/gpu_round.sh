@@ -27,6 +27,8 @@
 #            function, or mangled) in one forward of NCU_SHAPE (S2) in NCU_RECIPE (fp8_block, or
 #            none), or NCU_WHAT=profile: two forward+backward calls, NCU_TIMEOUT (150 s): details
 #            and per-SASS CSV logs
+#   traffic  ncu counters of TRAFFIC_SHAPE's (S2) forward GEMMs in TRAFFIC_RECIPES ("fp8_block
+#            none"): DRAM bytes, L2 read sectors and misses by source unit
 #   ab       builds bitwise (tools/compare_builds.py): AB_BASE's extension against each of AB_DEV's
 #            (a space-separated list; default .device/ext-base, .device/ext-dev), each in its own
 #            process
@@ -179,6 +181,23 @@ for s in ${STEPS//,/ }; do
         > "$OUT/${n}_sass.log" 2>&1
       grep -E "_gemm_kernel|^    Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Shared Memory|Tensor" \
         "$OUT/${n}_details.log" | cut -c1-150 | head -40
+      ;;
+    traffic)
+      # DRAM and L2 traffic of the forward GEMMs, by counters only (~30 s a recipe): bytes read
+      # and written, L2 read sectors and their misses, split by source unit (the SMs' loads,
+      # cp.async included, against all requests: TMA's are the difference). S2's FP8 GEMMs read
+      # their weights ~1.8x from DRAM where the BF16 ones read them once (docs/perf-notes.md).
+      m=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum
+      m=$m,lts__t_sectors_op_read_lookup_miss.sum,lts__t_sectors_srcunit_tex_op_read.sum
+      m=$m,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,gpu__time_duration.sum
+      for q in ${TRAFFIC_RECIPES:-fp8_block none}; do
+        XLA_PYTHON_CLIENT_PREALLOCATE=false TAIL=0 run "traffic_${TRAFFIC_SHAPE:-S2}_$q" \
+          ${NCU_TIMEOUT:-90} ncu --clock-control none --metrics "$m" \
+          -k "regex:fp8_gemm_kernel|wgmma_gemm_kernel" --launch-count 2 python3 \
+          tools/kernel_timings.py forward --shapes ${TRAFFIC_SHAPE:-S2} --quantization $q
+        grep -E "_gemm_kernel|dram__|lts__|gpu__time" "$OUT/traffic_${TRAFFIC_SHAPE:-S2}_$q.log" \
+          | cut -c1-120
+      done
       ;;
     unit)
       JAX_MOK_REQUIRE_CUDA=1 run unit_tests ${UNIT_TIMEOUT:-300} $PYTEST tests/test_cuda_kernels.py \
