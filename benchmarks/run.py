@@ -149,6 +149,14 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
 
 
+def _lost_item(item: dict, rc: int, killed_key: str | None, log_path: str) -> dict:
+    """The record of an item whose worker ended inside it: killed over --item-timeout-s
+    (``timeout``) or dead on its own (``crash``)."""
+    status = "timeout" if killed_key == item["key"] else "crash"
+    return {**item, "status": status,
+            "reason": f"worker exit {rc}; log tail: {_tail(log_path, 6)[-600:]}"}
+
+
 class Orchestrator:
     def __init__(self, args: argparse.Namespace, out_dir: str):
         self.args = args
@@ -232,13 +240,9 @@ class Orchestrator:
                 break
             if started is not None and started not in records:
                 item = next(i for i in items if i["key"] == started)
-                status = "timeout" if killed_key == started else "crash"
-                records[started] = {
-                    **item, "status": status,
-                    "reason": f"worker exit {rc}; log tail: {_tail(log.name, 6)[-600:]}",
-                }
-                print(f"{started}: {status} (exit {rc}); log {log.name}:\n{_tail(log.name)}",
-                      flush=True)
+                records[started] = _lost_item(item, rc, killed_key, log.name)
+                print(f"{started}: {records[started]['status']} (exit {rc}); log {log.name}:\n"
+                      f"{_tail(log.name)}", flush=True)
             elif rc != RESTART_EXIT_CODE:
                 failure = f"worker exit {rc} outside an item: {_tail(log.name, 4)[-400:]}"
                 print(f"{shape}: {failure}", flush=True)
@@ -284,9 +288,7 @@ class Orchestrator:
             fresh = next((e for e in _read_events(events_path)
                           if e["event"] == "record" and e["key"] == key), None)
             if fresh is None:
-                status = "timeout" if killed_key == key else "crash"
-                fresh = {**item, "status": status,
-                         "reason": f"worker exit {rc}; log tail: {_tail(log.name, 6)[-600:]}"}
+                fresh = _lost_item(item, rc, killed_key, log.name)
             fresh.pop("event", None)
             fresh.update(retried_fresh=True, first_reason=first.get("reason", ""))
             if fresh.get("status") == "OOM":

@@ -185,8 +185,9 @@ for s in ${STEPS//,/ }; do
     traffic)
       # DRAM and L2 traffic of the forward GEMMs, by counters only (~30 s a recipe): bytes read
       # and written, L2 read sectors and their misses, split by source unit (the SMs' loads,
-      # cp.async included, against all requests: TMA's are the difference). S2's FP8 GEMMs read
-      # their weights ~1.8x from DRAM where the BF16 ones read them once (docs/perf-notes.md).
+      # cp.async included, against all requests: TMA's are the difference). S2's FP8 GEMMs moved
+      # ~2.3x their weights' size through DRAM, the BF16 ones ~1.2x (docs/perf-notes.md). The
+      # environment passes through (a candidate's MOK_EXP_* switch, e.g.).
       m=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum
       m=$m,lts__t_sectors_op_read_lookup_miss.sum,lts__t_sectors_srcunit_tex_op_read.sum
       m=$m,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,gpu__time_duration.sum

@@ -17,15 +17,9 @@ for v in 1 2 3; do
   python3 tools/kernel_timings.py compare $OUT/l2prof_0.log $OUT/l2prof_$v.log \
     | tee $OUT/l2profab_$v.txt | grep -E "fp8 .*GEMM|total"
 done
-m=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum
-m=$m,lts__t_sectors_op_read_lookup_miss.sum,lts__t_sectors_srcunit_tex_op_read.sum
-m=$m,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,gpu__time_duration.sum
-for v in 1 2; do
-  MOK_EXP_FP8_L2_POLICY=$v XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD timeout 90 \
-    ncu --clock-control none --metrics "$m" -k regex:fp8_gemm_kernel --launch-count 2 \
-    python3 tools/kernel_timings.py forward --shapes S2 --quantization fp8_block \
-    > $OUT/l2traffic_$v.log 2>&1
-  echo "== traffic at L2 policy $v"; grep -E "_gemm_kernel|dram__|lts__|gpu__time" \
-    $OUT/l2traffic_$v.log | cut -c1-120
+keep() { (cd $OUT && for f in logs.tgz summary.txt; do [ -f $f ] && mv $f "${f%%.*}_$1.${f#*.}"; done); }
+for v in 1 2; do  # gpu_round.sh's counters; the switch passes through the environment
+  MOK_EXP_FP8_L2_POLICY=$v OUT=$OUT EXT_DIR=.device/ext-l2 TRAFFIC_RECIPES=fp8_block \
+    tools/gpu_round.sh traffic; keep traffic_l2_$v
 done
-(cd $OUT && tar czf l2_all.tgz l2* && rm -f l2prof* l2traffic*)
+(cd $OUT && tar czf l2_all.tgz l2prof* && rm -f l2prof*)
