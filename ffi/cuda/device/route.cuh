@@ -14,12 +14,18 @@ constexpr int kRouteChunk = 1024;  // assignments per warp in count/place
 constexpr int kRouteWarps = 8;     // warps per block in count/place
 constexpr int kTileM = 128;        // rows per GEMM tile (both paths)
 
+// Tile counters per call (Routing::tile_counters): the routed FP8 GEMMs of one forward or
+// backward call, each with its own.
+constexpr int kTileCounters = 4;
+
 struct Routing {
   const int* topk_ids;  // [T*k]
   int assignments;      // T*k
   int experts;          // E
   int chunks;           // ceil(T*k / kRouteChunk)
   int* chunk_counts;    // [chunks, E] (zeroed before count)
+  int* tile_counters;   // [kTileCounters] right after chunk_counts, zeroed with it: the routed
+                        // FP8 GEMMs' dynamic tile order (fp8_gemm.cuh), one per GEMM of a call
   int* expert_offset;   // [E+1] first sorted position of each expert; [E] = valid total
   int* mtile_prefix;    // [E+1] exclusive prefix of ceil(count_e / kTileM)
   int* sorted_token;    // [T*k] token of each sorted position
@@ -143,7 +149,8 @@ static __global__ void route_mark_skipped_kernel(Routing r) {
 
 inline cudaError_t build_routing(const Routing& r, cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(
-      r.chunk_counts, 0, sizeof(int) * static_cast<size_t>(r.chunks) * r.experts, stream);
+      r.chunk_counts, 0, sizeof(int) * (static_cast<size_t>(r.chunks) * r.experts + kTileCounters),
+      stream);
   if (err != cudaSuccess) return err;
   const int blocks = (r.chunks + kRouteWarps - 1) / kRouteWarps;
   route_count_kernel<<<blocks, 32 * kRouteWarps, 0, stream>>>(r);

@@ -54,7 +54,8 @@ inline Routing CarveRouting(Carve& c, const Problem& pr, const int* topk_ids) {
   r.experts = static_cast<int>(pr.experts);
   r.top_k = static_cast<int>(pr.top_k);
   r.chunks = CeilDiv(r.assignments, kRouteChunk);
-  r.chunk_counts = c.take<int>(static_cast<int64_t>(r.chunks) * r.experts);
+  r.chunk_counts = c.take<int>(static_cast<int64_t>(r.chunks) * r.experts + kTileCounters);
+  r.tile_counters = r.chunk_counts + static_cast<int64_t>(r.chunks) * r.experts;
   r.expert_offset = c.take<int>(r.experts + 1);
   r.mtile_prefix = c.take<int>(r.experts + 1);
   r.sorted_token = c.take<int>(r.assignments);

@@ -69,7 +69,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     constexpr auto kM = TileShape::kRoutedM;
 
     if (!op.h_saved) {  // h = x[tok] @ Wgu[e], stored in T
-      Fp8GemmParams g = RoutedFp8(r, op.w, op.x_q, r.sorted_token, F, H, true);
+      Fp8GemmParams g = RoutedFp8(r, op.w, op.x_q, r.sorted_token, F, H, true, 0);
       MOK_RETURN_IF_ERROR(SetOperandB(g, op.w_gate_up_fwd, 2 * F, H, E, !kPerRow, "w_gate_up"));
       g.epi.out = b.h_scratch;
       MOK_RETURN_IF_ERROR(
@@ -78,7 +78,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     }
 
     // g = dy[tok] @ Wd[e]^T -> dh, w*a, d_w partials
-    Fp8GemmParams g2 = RoutedFp8(r, op.w, op.dy_q, r.sorted_token, F, H, false);
+    Fp8GemmParams g2 = RoutedFp8(r, op.w, op.dy_q, r.sorted_token, F, H, false, 1);
     MOK_RETURN_IF_ERROR(SetOperandB(g2, op.w_down_bwd, F, H, E, !kPerRow, "w_down (backward)"));
     g2.epi.out = b.dh, g2.epi.out2 = b.aw, g2.epi.h = h, g2.epi.dw_part = b.dw_part;
     g2.epi.ldo = 2 * F;
@@ -93,7 +93,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
         stream));
 
     // dx_part = dh @ Wgu[e]^T
-    Fp8GemmParams g3 = RoutedFp8(r, op.w, Quantized{b.dh_q, b.dh_s}, nullptr, H, 2 * F, false);
+    Fp8GemmParams g3 = RoutedFp8(r, op.w, Quantized{b.dh_q, b.dh_s}, nullptr, H, 2 * F, false, 2);
     MOK_RETURN_IF_ERROR(
         SetOperandB(g3, op.w_gate_up_bwd, H, 2 * F, E, !kPerRow, "w_gate_up (backward)"));
     g3.epi.out = b.dx_part, g3.epi.ldo = H;

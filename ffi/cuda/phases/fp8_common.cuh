@@ -61,8 +61,10 @@ inline ffi::Error SetOperandB(Fp8GemmParams& p, Quantized b, int64_t rows, int64
 
 // A routed GEMM over the expert-sorted positions: out columns N, reduction K, A rows of `a`
 // (gathered by `gather`, or in position order), 256-wide n-tiles (gate/up: 128 F columns).
+// `counter`: which of the routing's tile counters (Routing::tile_counters) hands out its tiles;
+// each routed GEMM of a call takes its own, since a counter is zeroed once per call.
 inline Fp8GemmParams RoutedFp8(const Routing& r, const float* topk_weights, Quantized a,
-                               const int* gather, int64_t n, int64_t k, bool glu) {
+                               const int* gather, int64_t n, int64_t k, bool glu, int counter) {
   Fp8GemmParams p{};
   p.expert_offset = r.expert_offset;
   p.mtile_prefix = r.mtile_prefix;
@@ -80,6 +82,7 @@ inline Fp8GemmParams RoutedFp8(const Routing& r, const float* topk_weights, Quan
   p.epi = RoutedParams(r, topk_weights);
   p.epi.N = static_cast<int>(n);
   p.epi.n_tiles = p.n_tiles;
+  p.tile_counter = r.tile_counters + counter;
   return p;
 }
 

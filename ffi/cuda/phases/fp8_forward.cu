@@ -26,7 +26,7 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
     constexpr Recipe R = decltype(tag)::value;
     constexpr bool kPerRow = R == Recipe::kMx;  // fp8_block weights: 128 x 128 blocks
 
-    Fp8GemmParams g1 = RoutedFp8(r, w, x, r.sorted_token, F, H, true);
+    Fp8GemmParams g1 = RoutedFp8(r, w, x, r.sorted_token, F, H, true, 0);
     MOK_RETURN_IF_ERROR(SetOperandB(g1, w_gate_up, 2 * F, H, E, !kPerRow, "w_gate_up"));
     g1.q_out = act, g1.q_scale = act_scales;
     g1.epi.out2 = h_save;
@@ -35,7 +35,7 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
         launch_fp8_gemm<R, TileShape::kRoutedM, kPerRow, Epi8::kGluQuant, T>(g1, dev.sms, stream),
         stream));
 
-    Fp8GemmParams g2 = RoutedFp8(r, w, Quantized{act, act_scales}, nullptr, H, F, false);
+    Fp8GemmParams g2 = RoutedFp8(r, w, Quantized{act, act_scales}, nullptr, H, F, false, 1);
     MOK_RETURN_IF_ERROR(SetOperandB(g2, w_down, H, F, E, !kPerRow, "w_down"));
     g2.epi.out = y_part, g2.epi.ldo = H;
     g2.staged_out = std::is_same_v<T, bf16>;
