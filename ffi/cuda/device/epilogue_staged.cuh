@@ -203,12 +203,35 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
 //     warpgroup whose 64 rows run past the expert's count (the next expert's positions follow,
 //     which a box would overwrite) copies by threads instead;
 //   else (the FP8 kernels): as 16-byte chunks copied by every thread, 8 per 128-byte row.
+// kWhole (the weight gradients, pipeline.cuh: kWholeTileStaging): `buf` holds all BN / 64 passes,
+// 8 KB each, so the passes go into the buffer back to back and leave as BN / 64 boxes issued
+// together; the only wait is for the previous tile's boxes to have left the buffer, which they
+// did during this tile's mainloop.
 // Same rounding as run_epilogue (bitwise equal outputs).
-template <Epi kEpi, int BN, bool kBoxes, class Acc>
+template <Epi kEpi, int BN, bool kBoxes, bool kWhole = false, class Acc>
 __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, uint32_t buf) {
   static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
                 "plain row stores only");
+  if constexpr (kWhole) {
+    static_assert(kBoxes && kEpi == Epi::kStoreCast, "whole-tile staging: weight-gradient boxes");
+    const FragOffsets fo(t, 2);
+    if (t == 0) bulk_wait<0, true>();  // the previous tile's boxes have left the buffer
+    warpgroup_sync(wg);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2)
+      st_shared_pair(buf + (i / 32) * 8192 + fo.at((i >> 1) & 1, (i >> 2) & 7), acc(i), acc(i + 1));
+    fence_proxy_async();  // the buffer's generic writes, before the async proxy reads them
+    warpgroup_sync(wg);
+    if (t == 0) {
+#pragma unroll
+      for (int pass = 0; pass < BN / 64; ++pass)
+        tma_store_3d(&p.tmap_out, buf + pass * 8192, w.n_tile * BN + 64 * pass, w.row0 + 64 * wg,
+                     w.expert);
+      bulk_commit();
+    }
+    return;
+  }
   const int row_base = 64 * wg;
   const FragRows rows(p, w, wg, t, kEpi == Epi::kWeighted);  // weight 1 unweighted
   const bool boxed = kBoxes && (kEpi == Epi::kStoreCast || w.rows >= row_base + 64);

@@ -21,10 +21,11 @@
 namespace mok::cuda {
 
 // kTmaA: A arrives by TMA as well as B. Routed-K: both operands by TMA (kTmaA), or one of them
-// (A or B: GemmParams::a_gather / b_gather) gathered by the producer's threads.
-template <Mode kMode, bool kTmaA>
+// (A or B: GemmParams::a_gather / b_gather) gathered by the producer's threads. kRing: the ring's
+// stages (pipeline.cuh: kRingStages).
+template <Mode kMode, bool kTmaA, int kRing>
 struct WgmmaConfig {
-  static constexpr int BM = kTileM, BN = kWgmmaBN, BK = kWgmmaBK, kStages = kWgmmaStages;
+  static constexpr int BM = kTileM, BN = kWgmmaBN, BK = kWgmmaBK, kStages = kRing;
   static constexpr int kThreads = 384;
   using Elem = cute::bfloat16_t;
   static constexpr auto kMajorA =
@@ -53,7 +54,7 @@ struct WgmmaConfig {
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));  // 2 warpgroups along M
-  using Storage = WgmmaStorage;  // the shared memory's head (pipeline.cuh)
+  using Storage = SharedStorage<BM, BN, BK, kStages>;  // the shared memory's head (pipeline.cuh)
   static constexpr int kStageBytesA = Storage::kStageBytesA, kStageBytesB = Storage::kStageBytesB;
   static constexpr int kRingBytes = kStages * (kStageBytesA + kStageBytesB);
   static_assert(cute::cosize(SmemLayoutA{}) * 2 == kStages * kStageBytesA, "A ring size");
@@ -215,11 +216,11 @@ __device__ void wgrad_gathered_producer(const GemmParams& p, const int* s_prefix
 
 // The producer role (warpgroup 0; thread t of 128): fills the ring stage by stage, waiting for a
 // stage to be free (`empty`) and completing `full` by the copies' arrival. s_rows: Storage::rows.
-template <Mode kMode, bool kTmaA>
+template <Mode kMode, bool kTmaA, int kRing>
 __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
                          int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa, uint32_t sb,
                          int t) {
-  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  using Cfg = WgmmaConfig<kMode, kTmaA, kRing>;
   using LA = typename Cfg::SmemLayoutA;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
@@ -307,7 +308,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
                                          cute::bfloat16_t* ring_b, uint64_t* full, uint64_t* empty,
                                          char* out_stage, int wg, int t) {
   using namespace cute;
-  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  using Cfg = WgmmaConfig<kMode, kTmaA, kRingStages<kMode, kStagedOut>>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
   Tensor sB = make_tensor(make_smem_ptr(ring_b), typename Cfg::SmemLayoutB{});  // (BN,BK,STAGES)
@@ -365,9 +366,10 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     }
     if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
     if constexpr (kStagedOut) {
-      store_rows_staged<kEpi, BN, true>(
+      constexpr bool kWhole = kWholeTileStaging<kMode, kStagedOut>;
+      store_rows_staged<kEpi, BN, true, kWhole>(
           p, w, [&](int i) { return acc(i); }, wg - 1, t,
-          smem_u32(out_stage) + (wg - 1) * (kOutStageBytes / 2));
+          smem_u32(out_stage) + (wg - 1) * (kStagingBytes<kMode, kStagedOut> / 2));
     } else {
       run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
     }
@@ -386,7 +388,8 @@ template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(!kStagedOut || kStagedEpilogue<kEpi>, "staged stores: plain row outputs only");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = WgmmaConfig<kMode, kTmaA>;
+  constexpr int kRing = kRingStages<kMode, kStagedOut>;
+  using Cfg = WgmmaConfig<kMode, kTmaA, kRing>;
   using Storage = typename Cfg::Storage;
   constexpr int kStages = Cfg::kStages;
   extern __shared__ char smem_raw[];
@@ -402,7 +405,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // Storage::rows [BM]
   int* s_prefix = reinterpret_cast<int*>(s_rows + Cfg::BM);       // [E+1]
   int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
-  // [kOutStageBytes] after the offsets (kStagedOut only), 1024-byte aligned in the shared
+  // [kStagingBytes] after the offsets (kStagedOut only), 1024-byte aligned in the shared
   // window: the TMA stores' 128B swizzle is a function of the address.
   const uint32_t tables_end = smem_u32(s_offset + p.experts + 1);
   char* out_stage = reinterpret_cast<char*>(s_offset + p.experts + 1) +
@@ -426,8 +429,8 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
     if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
-    producer<kMode, kTmaA>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
-                           smem_u32(ring_b), t);
+    producer<kMode, kTmaA, kRing>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
+                                  smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     consumer<kMode, kEpi, kTmaA, kStagedOut>(p, s_prefix, s_offset, ring_a, ring_b, full, empty,
@@ -438,8 +441,8 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
 
 template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
-  using Cfg = WgmmaConfig<kMode, kTmaA>;
-  const size_t smem = Cfg::Storage::dynamic_bytes(p.experts, kStagedOut);
+  using Cfg = WgmmaConfig<kMode, kTmaA, kRingStages<kMode, kStagedOut>>;
+  const size_t smem = Cfg::Storage::dynamic_bytes(p.experts, kStagingBytes<kMode, kStagedOut>);
   auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));

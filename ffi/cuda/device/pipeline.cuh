@@ -16,6 +16,22 @@ constexpr int kWgmmaStages = 4;  // stages in the ring
 // Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
 constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
 
+// The weight-gradient (routed-K) kernels with staged stores hold a whole 128 × 256 bf16 output
+// tile in their staging area and keep one ring stage fewer: 3 × 48 KB + 64 KB = 4 × 48 KB + 16 KB,
+// so they fit wherever the other staged kernels do (plan.h checks those; two ring barriers fewer
+// make them 16 bytes smaller). Their tiles have short K wherever experts get few positions (S2:
+// 256, 4 stages), so the epilogue's stores are a large part of a tile; with the whole tile
+// staged, the stores of one tile drain during the next tile's mainloop instead of each 64-column
+// pass waiting for the previous pass's box to leave the buffer.
+template <Mode kMode, bool kStaged>
+constexpr bool kWholeTileStaging = kMode == Mode::kRoutedK && kStaged;
+template <Mode kMode, bool kStaged>
+constexpr int kRingStages = kWholeTileStaging<kMode, kStaged> ? kWgmmaStages - 1 : kWgmmaStages;
+template <Mode kMode, bool kStaged>
+constexpr int kStagingBytes = !kStaged                            ? 0
+                              : kWholeTileStaging<kMode, kStaged> ? kTileM * kWgmmaBN * 2
+                                                                  : kOutStageBytes;
+
 // The kernel aligns its dynamic shared memory up to this: the period of the 128B swizzle.
 constexpr int kSmemAlign = 1024;
 
@@ -42,9 +58,9 @@ struct SharedStorage {
   int64_t rows[BM];              // producer: element offsets of the current tile's A rows
 
   // Dynamic shared memory of one launch: alignment slack, this head, the two tables, staging.
-  static constexpr size_t dynamic_bytes(int experts, bool staged) {
+  static constexpr size_t dynamic_bytes(int experts, int staging_bytes) {
     return kSmemAlign + sizeof(SharedStorage) + 2 * sizeof(int) * (experts + 1) +
-           (staged ? kSmemAlign + kOutStageBytes : 0);
+           (staging_bytes > 0 ? kSmemAlign + staging_bytes : 0);
   }
 };
 
@@ -56,5 +72,9 @@ static_assert(offsetof(WgmmaStorage, full) ==
                   kWgmmaStages * (WgmmaStorage::kStageBytesA + WgmmaStorage::kStageBytesB),
               "the barriers follow the rings without padding");
 static_assert(sizeof(WgmmaStorage) % alignof(int) == 0, "the tables follow the head");
+static_assert(
+    SharedStorage<kTileM, kWgmmaBN, kWgmmaBK, kRingStages<Mode::kRoutedK, true>>::dynamic_bytes(
+        1, kStagingBytes<Mode::kRoutedK, true>) <= WgmmaStorage::dynamic_bytes(1, kOutStageBytes),
+    "every staged kernel fits where plan.h's check says the staged kernels fit");
 
 }  // namespace mok::cuda

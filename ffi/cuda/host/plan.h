@@ -38,7 +38,7 @@ inline Plan ChoosePlan(const Problem& pr, const KernelOptions& options, const De
   plan.wgmma = kHasWgmma && pr.dtype == ffi::DataType::BF16 && options.gemm == kGemmAuto;
   plan.pregather_x = plan.wgmma && options.pregather_x == 1;
   plan.staged_stores =
-      plan.wgmma && WgmmaStorage::dynamic_bytes(static_cast<int>(pr.experts), true) <=
+      plan.wgmma && WgmmaStorage::dynamic_bytes(static_cast<int>(pr.experts), kOutStageBytes) <=
                         static_cast<size_t>(dev.smem_optin);
   return plan;
 }
