@@ -81,14 +81,15 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
 
 // Routed-K by TMA: the last k-block of an expert holds `valid` < BK of its positions; the rows
-// after them (the next expert's positions) become zeros in both operands before the wgmma reads
-// them. In the K-before-MN layouts a position is one 128-byte line per 64×64 box (the 128B
-// swizzle permutes 16-byte chunks inside the line), so each zeroed row is whole lines. `c` is the
-// consumer thread (0..255); all 256 call this, then meet at a named barrier.
+// after them up to `end` (the wgmmas read rows < end; they are the next expert's positions)
+// become zeros in both operands before the wgmma reads them. In the K-before-MN layouts a
+// position is one 128-byte line per 64×64 box (the 128B swizzle permutes 16-byte chunks inside
+// the line), so each zeroed row is whole lines. `c` is the consumer thread (0..255); all 256 call
+// this, then meet at a named barrier.
 template <int kBoxesA, int kBoxesB>
 __device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_b, int valid,
-                                               int c) {
-  const int rows = 64 - valid;
+                                               int end, int c) {
+  const int rows = end - valid;
   const int chunks = rows * 8 * (kBoxesA + kBoxesB);
   for (int i = c; i < chunks; i += 256) {
     const int chunk = i & 7, line = i >> 3;
@@ -332,18 +333,47 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     int prev = -1;
     for (int k0 = 0; k0 < w.k_len; k0 += BK) {
       mbar_wait(&full[pipe.stage], pipe.phase);
+      // Routed-K: the expert's last k-block runs only the 16-position wgmma steps that hold one
+      // of its positions (S2's experts end 1-16 positions into their fifth block), and zeroes
+      // the rest of the last such step. The steps left out would add products of zeros only.
+      int steps = BK / 16;
       if constexpr (kMode == Mode::kRoutedK) {
-        if (w.k_len - k0 < BK)
-          zero_tail_rows<BM / 64, BN / 64>(smem_u32(ring_a) + pipe.stage * Cfg::kStageBytesA,
-                                           smem_u32(ring_b) + pipe.stage * Cfg::kStageBytesB,
-                                           w.k_len - k0, threadIdx.x - 128);
+        const int valid = w.k_len - k0;
+        if (valid < BK) {
+          steps = (valid + 15) / 16;
+          if (valid % 16 != 0)
+            zero_tail_rows<BM / 64, BN / 64>(smem_u32(ring_a) + pipe.stage * Cfg::kStageBytesA,
+                                             smem_u32(ring_b) + pipe.stage * Cfg::kStageBytesB,
+                                             valid, 16 * steps, threadIdx.x - 128);
+        }
       }
       fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads async
       warpgroup_fence_operand(acc);
-      warpgroup_arrive();
-      gemm(mma, tCrA(_, _, _, pipe.stage), tCrB(_, _, _, pipe.stage), acc);
-      warpgroup_commit_batch();
-      warpgroup_wait<1>();  // the previous stage's wgmma is done: hand its buffers back
+      if (steps == BK / 16) {
+        warpgroup_arrive();
+        gemm(mma, tCrA(_, _, _, pipe.stage), tCrB(_, _, _, pipe.stage), acc);
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();  // the previous stage's wgmma is done: hand its buffers back
+      } else {
+        // A tail block (routed-K), the tile's last: its first n steps as one straight-line batch
+        // per n, waited for before the paths join (wgmmas still in flight where control flow
+        // joins make ptxas serialize them, C7519); the tile waits for all of them anyway.
+        auto first_steps = [&](auto n) {
+          warpgroup_arrive();
+#pragma unroll
+          for (int j = 0; j < decltype(n)::value; ++j)
+            gemm(mma, tCrA(_, _, j, pipe.stage), tCrB(_, _, j, pipe.stage), acc);
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+        };
+        static_assert(BK / 16 == 4, "a tail block runs 1..3 steps");
+        if (steps == 1)
+          first_steps(Int<1>{});
+        else if (steps == 2)
+          first_steps(Int<2>{});
+        else
+          first_steps(Int<3>{});
+      }
       warpgroup_fence_operand(acc);
       if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
       prev = pipe.stage;
