@@ -314,7 +314,7 @@ def quantizers(shapes: list[str], recipes: list[str]) -> None:
     back) against the HBM copy: the expert weights in one pass (both layouts, and the forward's
     alone), x's rows."""
     from benchmarks.ceilings import _jax_copy
-    from jax_mok.kernels import _ffi, targets
+    from jax_mok.kernels import _ffi
 
     _ffi.cuda_module()  # registers the targets (the layer does this when it picks the kernels)
 
@@ -323,25 +323,33 @@ def quantizers(shapes: list[str], recipes: list[str]) -> None:
     print("| shape | recipe | what | bytes | ms | GB/s | % of copy |")
     print("|---|---|---|---|---|---|---|")
     for name in shapes:
-        x, ids, w, wgu, wd, dy = inputs(name)
-        del ids, w, dy
-        for recipe in recipes:
-            cases = (
-                ("weights, both layouts",
-                 functools.partial(targets.quantize_weight_both, recipe=recipe), (wgu, wd), 2),
-                ("weights, forward layout",
-                 functools.partial(targets.quantize_weight, recipe=recipe, axis=1), (wgu, wd), 1),
-                ("x rows", functools.partial(targets.quantize_rows, recipe=recipe), (x,), 1))
-            for what, fn, arrays, out_per_elem in cases:
-                jitted = jax.jit(fn)
-                seconds = sum(back_to_back_s(jitted, a) for a in arrays)
-                elems = sum(a.size for a in arrays)
-                scale_bytes = elems * out_per_elem / 32  # <= 1 byte per 32 elements per layout
-                nbytes = elems * (2 + out_per_elem) + scale_bytes
-                gbps = nbytes / seconds / 1e9
-                print(f"| {name} | {recipe} | {what} | {nbytes / 1e9:.2f} GB | "
-                      f"{seconds * 1e3:.3f} | {gbps:.0f} | {100 * gbps / copy:.0f} |", flush=True)
-        del x, wgu, wd
+        _quantizers_one_shape(name, recipes, copy)
+
+
+def _quantizers_one_shape(name: str, recipes: list[str], copy: float) -> None:
+    """quantizers() for one shape. A function of its own so that every reference to the shape's
+    arrays (the cases, the loop variables) is gone before the next shape allocates; in one loop
+    the last shape's `cases` still held its weights while the next shape's were made."""
+    from jax_mok.kernels import targets
+
+    x, ids, w, wgu, wd, dy = inputs(name)
+    del ids, w, dy
+    for recipe in recipes:
+        cases = (
+            ("weights, both layouts",
+             functools.partial(targets.quantize_weight_both, recipe=recipe), (wgu, wd), 2),
+            ("weights, forward layout",
+             functools.partial(targets.quantize_weight, recipe=recipe, axis=1), (wgu, wd), 1),
+            ("x rows", functools.partial(targets.quantize_rows, recipe=recipe), (x,), 1))
+        for what, fn, arrays, out_per_elem in cases:
+            jitted = jax.jit(fn)
+            seconds = sum(back_to_back_s(jitted, a) for a in arrays)
+            elems = sum(a.size for a in arrays)
+            scale_bytes = elems * out_per_elem / 32  # <= 1 byte per 32 elements per layout
+            nbytes = elems * (2 + out_per_elem) + scale_bytes
+            gbps = nbytes / seconds / 1e9
+            print(f"| {name} | {recipe} | {what} | {nbytes / 1e9:.2f} GB | "
+                  f"{seconds * 1e3:.3f} | {gbps:.0f} | {100 * gbps / copy:.0f} |", flush=True)
 
 
 def profile(shapes: list[str], quantization: str = "none") -> None:
