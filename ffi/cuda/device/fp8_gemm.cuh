@@ -78,14 +78,6 @@ struct Fp8GemmParams {
   uint8_t* q_out;
   uint8_t* q_scale;
   bool staged_out;  // row outputs through shared memory (bf16 only, where it fits)
-  // kRoutedM: tiles are handed out in order by this counter (zeroed by the routing, one per GEMM
-  // of a call; nullptr: CTA b runs tiles b, b + grid, ...). In order, the tiles running at one
-  // time are always a window of consecutive ids, so the m-tiles of one expert's n-tile
-  // (neighbouring ids) start within about a tile's time / grid of each other and read its weight
-  // boxes from L2 after the first one's miss; with the static order the CTAs drift apart over
-  // the waves (tiles differ in length: an expert's last, nearly empty m-tile idles a warpgroup)
-  // and every m-tile read its weight boxes from DRAM.
-  int* tile_counter = nullptr;
   GemmParams epi;  // the BF16 path's epilogue fields (out, out2, h, topk_weights, sorted_slot, ...)
   alignas(64) CUtensorMap tmap_b;
 };
@@ -127,13 +119,8 @@ struct alignas(1024) Fp8Smem {
   uint32_t sa[kStages][kScaleSteps<R>][kBM];
   uint32_t sb[kStages][kScaleSteps<R>][kBN];
   uint64_t full[kStages], empty[kStages];
-  // Dynamic tile order: the producer's thread 0 takes each tile id from tile_counter and passes
-  // it to the consumers through this ring (-1: no tile left).
-  static constexpr int kTileRing = 8;
-  int tile_ring[kTileRing];
-  int cur_tile;  // the producer's current tile, for its other threads
-  uint64_t tile_full[kTileRing], tile_empty[kTileRing];
-  int64_t rows[kBM];                            // source row of each tile row (-1: none)
+  TileRing tiles;     // kRoutedM with epi.tile_counter: the dynamic tile order (mainloop_sm90.cuh)
+  int64_t rows[kBM];  // source row of each tile row (-1: none)
   alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop_sm90.cuh)
 };
 // The `full` barrier's arrivals per stage: each producer thread's cp.async arrival, the TMA
@@ -170,28 +157,12 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   const uint32_t dst0 = (t >> 3) * 128 + ((chunk ^ ((t >> 3) & 7)) << 4);
   const bool b_scale_thread = kBPerRow || t < 2;
   int stage = 0, phase = 0;
-  const bool dynamic = kShape == TileShape::kRoutedM && p.tile_counter != nullptr;
-  int tslot = 0, tphase = 0;
+  const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
+  PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
-    int tile = blockIdx.x + it * gridDim.x;
-    if (dynamic) {
-      if (t == 0) {
-        mbar_wait(&s.tile_empty[tslot], tphase ^ 1);
-        int got = atomicAdd(p.tile_counter, 1);
-        if (got >= total) got = -1;
-        s.tile_ring[tslot] = got;
-        mbar_arrive(&s.tile_full[tslot]);  // release: the ring word
-        s.cur_tile = got;
-      }
-      // Every producer thread read the previous id before the body's two barriers, which thread
-      // 0 passed before writing this one.
-      producer_sync();
-      tile = *reinterpret_cast<volatile int*>(&s.cur_tile);
-      if (++tslot == Fp8Smem<R>::kTileRing) tslot = 0, tphase ^= 1;
-      if (tile < 0) break;
-    } else if (tile >= total) {
-      break;
-    }
+    const int tile = dynamic ? producer_tile(s.tiles, walk, p.epi.tile_counter, total, t)
+                             : static_cast<int>(blockIdx.x + it * gridDim.x);
+    if (tile < 0 || tile >= total) break;
     const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     producer_sync();                       // the previous tile's rows are no longer read
     const uint8_t* a_scale_row = nullptr;  // row t's scales (nullptr: no row, zero fill)
@@ -309,19 +280,12 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
       kShape == TileShape::kRoutedM && std::is_same_v<T, bf16> &&
       (kEpi == Epi8::kGluQuant || kEpi == Epi8::kSwiGLUBwd || kEpi == Epi8::kStoreGLU);
   int stage = 0, phase = 0, held = 0;
-  const bool dynamic = kShape == TileShape::kRoutedM && p.tile_counter != nullptr;
-  int tslot = 0, tphase = 0;
+  const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
+  PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
-    int tile = blockIdx.x + it * gridDim.x;
-    if (dynamic) {
-      mbar_wait(&s.tile_full[tslot], tphase);
-      tile = *reinterpret_cast<volatile int*>(&s.tile_ring[tslot]);
-      mbar_arrive(&s.tile_empty[tslot]);  // every consumer thread has its copy of the id
-      if (++tslot == Fp8Smem<R>::kTileRing) tslot = 0, tphase ^= 1;
-      if (tile < 0) break;
-    } else if (tile >= total) {
-      break;
-    }
+    const int tile =
+        dynamic ? next_tile(s.tiles, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
+    if (tile < 0 || tile >= total) break;
     const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
@@ -439,10 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&s.full[i], kFullArrivals<R>);
       mbar_init(&s.empty[i], 2);  // one thread per consumer warpgroup
     }
-    for (int i = 0; i < Fp8Smem<R>::kTileRing; ++i) {
-      mbar_init(&s.tile_full[i], 1);     // the producer's thread 0
-      mbar_init(&s.tile_empty[i], 256);  // every consumer thread
-    }
+    init_tile_ring(s.tiles);
   }
   __syncthreads();
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;

@@ -57,6 +57,14 @@ struct GemmParams {
   const float* topk_weights;  // [T*k]
   float* dw_part;             // kSwiGLUBwd: [P, n_tiles]
   int64_t ldo;                // leading dimension of `out`
+  // Routed-M: tiles are handed out in order by this counter (zeroed by the routing, one per GEMM
+  // of a call; nullptr: CTA b runs tiles b, b + grid, ...). In order, the tiles running at one
+  // time are always a window of consecutive ids, so the m-tiles of one expert's n-tile
+  // (neighbouring ids) start within about a tile's time / grid of each other and read its weight
+  // boxes from L2 after the first one's miss; with the static order the CTAs drift apart over
+  // the waves (tiles differ in length: an expert's last, nearly empty m-tile idles a warpgroup)
+  // and every m-tile read its weight boxes from DRAM.
+  int* tile_counter;
   // wgmma path: the tensor map of B (routed-M: 3-D, [E][K][N] or [E][N][K]; routed-K: 2-D
   // [a_rows][N]), host/tma.h
   alignas(64) CUtensorMap tmap_b;

@@ -63,7 +63,7 @@ struct WgmmaConfig {
                     offsetof(Storage, full) == kRingBytes &&
                     offsetof(Storage, empty) == kRingBytes + kStages * sizeof(uint64_t) &&
                     offsetof(Storage, rows) == kRingBytes + 2 * kStages * sizeof(uint64_t) &&
-                    sizeof(Storage) == offsetof(Storage, rows) + BM * sizeof(int64_t),
+                    offsetof(Storage, tiles) == offsetof(Storage, rows) + BM * sizeof(int64_t),
                 "the kernel's carving (wgmma_gemm_kernel) follows Storage member by member");
 };
 
@@ -79,6 +79,45 @@ __device__ __forceinline__ uint32_t swizzled(int mn, int k) {
 
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+
+// The dynamic tile order's ends (pipeline.cuh: TileRing), both kernels' routed-M GEMMs. `walk`
+// goes over the ring's slots as PipelineState goes over a stage ring.
+__device__ __forceinline__ void init_tile_ring(TileRing& r) {
+  for (int i = 0; i < kTileRing; ++i) {
+    mbar_init(&r.full[i], 1);     // the producer's first thread
+    mbar_init(&r.empty[i], 256);  // every consumer thread
+  }
+}
+// The producer's first thread: the next id from `counter` (-1 past `total`), published to the
+// consumers once they have all read the id kTileRing slots back, and in `current`.
+__device__ __forceinline__ int take_tile(TileRing& r, PipelineState<kTileRing>& walk, int* counter,
+                                         int total) {
+  mbar_wait(&r.empty[walk.stage], walk.phase ^ 1);
+  int id = atomicAdd(counter, 1);
+  if (id >= total) id = -1;
+  r.id[walk.stage] = id;
+  mbar_arrive(&r.full[walk.stage]);  // releases the id's store
+  r.current = id;
+  walk.advance();
+  return id;
+}
+// A consumer thread: the next id.
+__device__ __forceinline__ int next_tile(TileRing& r, PipelineState<kTileRing>& walk) {
+  mbar_wait(&r.full[walk.stage], walk.phase);
+  const int id = *reinterpret_cast<volatile int*>(&r.id[walk.stage]);
+  mbar_arrive(&r.empty[walk.stage]);
+  walk.advance();
+  return id;
+}
+// The producer's other threads (with the first one): the id the first one took, through
+// `current` after a producer barrier. Every producer thread read the previous id before the
+// barriers of the previous tile's body, which the first thread passed before writing this one.
+__device__ __forceinline__ int producer_tile(TileRing& r, PipelineState<kTileRing>& walk,
+                                             int* counter, int total, int t) {
+  if (t == 0) take_tile(r, walk, counter, total);
+  producer_sync();
+  return *reinterpret_cast<volatile int*>(&r.current);
+}
 
 // Routed-K by TMA: the last k-block of an expert holds `valid` < BK of its positions; the rows
 // after them up to `end` (the wgmmas read rows < end; they are the next expert's positions)
@@ -219,20 +258,25 @@ __device__ void wgrad_gathered_producer(const GemmParams& p, const int* s_prefix
 // stage to be free (`empty`) and completing `full` by the copies' arrival. s_rows: Storage::rows.
 template <Mode kMode, bool kTmaA, int kRing>
 __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
-                         int64_t* s_rows, uint64_t* full, uint64_t* empty, uint32_t sa, uint32_t sb,
-                         int t) {
+                         int64_t* s_rows, TileRing& ring, uint64_t* full, uint64_t* empty,
+                         uint32_t sa, uint32_t sb, int t) {
   using Cfg = WgmmaConfig<kMode, kTmaA, kRing>;
   using LA = typename Cfg::SmemLayoutA;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
   const int total = total_tiles<kMode>(p, s_prefix);
+  const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
+  PipelineState<kTileRing> walk;
   if constexpr (kTmaA) {
     int stage = 0, phase = 0;  // a PipelineState<kStages>
     // A is not gathered: both operands by TMA, one thread drives the ring. Rows past the
     // expert's count belong to the next expert (or past the allocation: zero-filled); their
     // accumulator rows are never stored.
     if (t != 0) return;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int it = 0;; ++it) {
+      const int tile = dynamic ? take_tile(ring, walk, p.tile_counter, total)
+                               : static_cast<int>(blockIdx.x + it * gridDim.x);
+      if (tile < 0 || tile >= total) break;
       const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
         mbar_wait(&empty[stage], phase ^ 1);
@@ -267,7 +311,10 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
     // per-stage work a chain of shared loads, compares and 64-bit adds per chunk.
     PipelineState<kStages> pipe;
     const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int it = 0;; ++it) {
+      const int tile = dynamic ? producer_tile(ring, walk, p.tile_counter, total, t)
+                               : static_cast<int>(blockIdx.x + it * gridDim.x);
+      if (tile < 0 || tile >= total) break;
       const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
@@ -306,8 +353,8 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
 template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefix,
                                          const int* s_offset, cute::bfloat16_t* ring_a,
-                                         cute::bfloat16_t* ring_b, uint64_t* full, uint64_t* empty,
-                                         char* out_stage, int wg, int t) {
+                                         cute::bfloat16_t* ring_b, TileRing& ring, uint64_t* full,
+                                         uint64_t* empty, char* out_stage, int wg, int t) {
   using namespace cute;
   using Cfg = WgmmaConfig<kMode, kTmaA, kRingStages<kMode, kStagedOut>>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
@@ -326,7 +373,12 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       kMode != Mode::kRoutedK && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
                                   kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUBwd);
   PipelineState<kStages> pipe;
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+  const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
+  PipelineState<kTileRing> walk;
+  for (int it = 0;; ++it) {
+    const int tile =
+        dynamic ? next_tile(ring, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
+    if (tile < 0 || tile >= total) break;
     const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
     if constexpr (kEpi == Epi::kSwiGLUBwd) prefetch_h_to_l2<BN>(p, w, wg - 1, t);
     clear(acc);
@@ -431,10 +483,11 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   auto* ring_a = reinterpret_cast<typename Cfg::Elem*>(smem);  // Storage::a
   auto* ring_b = reinterpret_cast<typename Cfg::Elem*>(smem + offsetof(Storage, b));
   auto* full = reinterpret_cast<uint64_t*>(smem + offsetof(Storage, full));
-  uint64_t* empty = full + kStages;                               // Storage::empty
-  int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);  // Storage::rows [BM]
-  int* s_prefix = reinterpret_cast<int*>(s_rows + Cfg::BM);       // [E+1]
-  int* s_offset = s_prefix + p.experts + 1;                       // [E+1]
+  uint64_t* empty = full + kStages;                                // Storage::empty
+  int64_t* s_rows = reinterpret_cast<int64_t*>(empty + kStages);   // Storage::rows [BM]
+  auto& ring = *reinterpret_cast<TileRing*>(s_rows + Cfg::BM);     // Storage::tiles
+  int* s_prefix = reinterpret_cast<int*>(smem + sizeof(Storage));  // [E+1]
+  int* s_offset = s_prefix + p.experts + 1;                        // [E+1]
   // [kStagingBytes] after the offsets (kStagedOut only), 1024-byte aligned in the shared
   // window: the TMA stores' 128B swizzle is a function of the address.
   const uint32_t tables_end = smem_u32(s_offset + p.experts + 1);
@@ -451,6 +504,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
       mbar_init(&full[s], kTmaA ? 1 : 129);
       mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
     }
+    init_tile_ring(ring);
   }
   __syncthreads();
 
@@ -459,12 +513,12 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
     if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
-    producer<kMode, kTmaA, kRing>(p, s_prefix, s_offset, s_rows, full, empty, smem_u32(ring_a),
-                                  smem_u32(ring_b), t);
+    producer<kMode, kTmaA, kRing>(p, s_prefix, s_offset, s_rows, ring, full, empty,
+                                  smem_u32(ring_a), smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
-    consumer<kMode, kEpi, kTmaA, kStagedOut>(p, s_prefix, s_offset, ring_a, ring_b, full, empty,
-                                             out_stage, wg, t);
+    consumer<kMode, kEpi, kTmaA, kStagedOut>(p, s_prefix, s_offset, ring_a, ring_b, ring, full,
+                                             empty, out_stage, wg, t);
   }
 #endif
 }

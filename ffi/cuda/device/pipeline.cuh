@@ -45,6 +45,17 @@ struct PipelineState {
   }
 };
 
+// The dynamic tile order (GemmParams::tile_counter): the producer's first thread takes each tile
+// id from the counter and hands it to the consumers through this ring of ids (-1: no tile left);
+// mainloop_sm90.cuh: take_tile, next_tile.
+constexpr int kTileRing = 8;
+struct TileRing {
+  uint64_t full[kTileRing];   // slot s holds an id (the producer's first thread)
+  uint64_t empty[kTileRing];  // every consumer thread has read slot s
+  int id[kTileRing];
+  int current;  // the producer's current id, for its other threads
+};
+
 // The fixed head of the wgmma kernel's dynamic shared memory, at the 1024-aligned base. After it
 // come the per-call tables and, with staged stores, the staging area:
 //   SharedStorage | mtile prefix [E+1] i32 | expert offset [E+1] i32 | (1024-aligned) staging
@@ -56,6 +67,7 @@ struct SharedStorage {
   uint64_t full[kStages];        // mbarrier: stage s holds data (producer -> consumers)
   uint64_t empty[kStages];       // mbarrier: stage s is free again (consumers -> producer)
   int64_t rows[BM];              // producer: element offsets of the current tile's A rows
+  TileRing tiles;                // routed-M with a tile counter
 
   // Dynamic shared memory of one launch: alignment slack, this head, the two tables, staging.
   static constexpr size_t dynamic_bytes(int experts, int staging_bytes) {

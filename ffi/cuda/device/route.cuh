@@ -14,8 +14,8 @@ constexpr int kRouteChunk = 1024;  // assignments per warp in count/place
 constexpr int kRouteWarps = 8;     // warps per block in count/place
 constexpr int kTileM = 128;        // rows per GEMM tile (both paths)
 
-// Tile counters per call (Routing::tile_counters): the routed FP8 GEMMs of one forward or
-// backward call, each with its own.
+// Tile counters per call (Routing::tile_counters): the routed-M GEMMs of one forward or backward
+// call (both kernels), each with its own.
 constexpr int kTileCounters = 4;
 
 struct Routing {
@@ -24,8 +24,8 @@ struct Routing {
   int experts;          // E
   int chunks;           // ceil(T*k / kRouteChunk)
   int* chunk_counts;    // [chunks, E] (zeroed before count)
-  int* tile_counters;   // [kTileCounters] right after chunk_counts, zeroed with it: the routed
-                        // FP8 GEMMs' dynamic tile order (fp8_gemm.cuh), one per GEMM of a call
+  int* tile_counters;   // [kTileCounters] right after chunk_counts, zeroed with it: the routed-M
+                        // GEMMs' dynamic tile order (GemmParams::tile_counter), one per GEMM
   int* expert_offset;   // [E+1] first sorted position of each expert; [E] = valid total
   int* mtile_prefix;    // [E+1] exclusive prefix of ceil(count_e / kTileM)
   int* sorted_token;    // [T*k] token of each sorted position

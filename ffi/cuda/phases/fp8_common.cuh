@@ -82,7 +82,7 @@ inline Fp8GemmParams RoutedFp8(const Routing& r, const float* topk_weights, Quan
   p.epi = RoutedParams(r, topk_weights);
   p.epi.N = static_cast<int>(n);
   p.epi.n_tiles = p.n_tiles;
-  p.tile_counter = r.tile_counters + counter;
+  p.epi.tile_counter = r.tile_counters + counter;
   return p;
 }
 
