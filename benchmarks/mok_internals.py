@@ -85,3 +85,22 @@ def fp8_kernel_targets(lowered_text: str) -> list[str]:
     """The FP8 custom-call targets (``mok_*fp8*``) a lowered program calls: empty when the FP8
     layer lowered to plain XLA operations (its pure-JAX definition)."""
     return sorted(set(_FP8_TARGET.findall(lowered_text)))
+
+
+def extension_fingerprint() -> str:
+    """Which CUDA extension this process runs: the path of the loaded ``_mok_cuda`` module and the
+    first 8 hex digits of its file's MD5, or why there is none. An A/B that swaps builds between
+    processes prints it in each, so that a run on the wrong build shows in its own log (one
+    session's A/B compared a build with itself without a sign)."""
+    import hashlib
+
+    ffi = _module("_ffi")
+    module = ffi.cuda_module()
+    if module is None:
+        return "extension: none (the CUDA kernels are not built)"
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return f"extension: {module!r} (no file)"
+    with open(path, "rb") as f:
+        digest = hashlib.md5(f.read()).hexdigest()[:8]
+    return f"extension: {path} md5 {digest}"

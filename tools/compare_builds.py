@@ -74,6 +74,9 @@ def run(path: str, implementation: str = "cuda") -> None:
 
     # A fallback to the pure-JAX layer (the FP8 path warns) would compare the wrong thing.
     warnings.simplefilter("error")
+    from benchmarks import mok_internals
+
+    print(mok_internals.extension_fingerprint(), flush=True)
 
     out = {}
     saves = (True, False) if implementation == "cuda" else (False,)  # saved h: CUDA only

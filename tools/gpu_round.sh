@@ -74,11 +74,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# use_ext DIR: DIR's prebuilt extension in place, its MD5 in the summary (the tools print the MD5
+# of the module they load: tools/kernel_timings.py, tools/compare_builds.py; the two must agree).
+use_ext() {
+  cp "$1"/_mok_c*.so jax_mok/ || { note "use_ext $1: copy failed"; return 1; }
+  note "extension $1: md5 $(md5sum jax_mok/_mok_cuda*.so | cut -c1-8)"
+}
+
 step "build"
 t0=$(date +%s)
 EXT_DIR=${EXT_DIR:-.device/ext}
 if ls "$EXT_DIR"/_mok_cuda*.so >/dev/null 2>&1; then
-  cp "$EXT_DIR"/_mok_c*.so jax_mok/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  use_ext "$EXT_DIR" || exit 1
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   note "build: prebuilt extension from $EXT_DIR"
 else
   JAX_MOK_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation \
@@ -236,7 +244,7 @@ for s in ${STEPS//,/ }; do
       ;;
     ab)
       for ext in $AB_DEV "$AB_BASE"; do
-        cp "$ext"/_mok_c*.so jax_mok/
+        use_ext "$ext"
         XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 run "ab_$(basename "$ext")" ${AB_TIMEOUT:-150} \
           python3 tools/compare_builds.py run "/tmp/ab_$(basename "$ext").npz"
       done
@@ -244,12 +252,12 @@ for s in ${STEPS//,/ }; do
         TAIL=10 run "ab_compare_$(basename "$ext")" 30 python3 tools/compare_builds.py compare \
           "/tmp/ab_$(basename "$AB_BASE").npz" "/tmp/ab_$(basename "$ext").npz"
       done
-      cp "$AB_DEV1"/_mok_c*.so jax_mok/
+      use_ext "$AB_DEV1"
       ;;
     profab)
       for q in ${AB_QUANT:-none fp8_block}; do
         for ext in "$AB_BASE" $AB_DEV; do
-          cp "$ext"/_mok_c*.so jax_mok/
+          use_ext "$ext"
           JAX_MOK_CUDA_PROFILE=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 TAIL=0 \
             run "prof_$(basename "$ext")_$q" ${PROFILE_TIMEOUT:-120} python3 \
             tools/kernel_timings.py profile --shapes ${AB_SHAPES:-S1,S2} --quantization $q
@@ -260,7 +268,7 @@ for s in ${STEPS//,/ }; do
             | grep -E "GEMM|gather|quantize|total"
         done
       done
-      cp "$AB_DEV1"/_mok_c*.so jax_mok/
+      use_ext "$AB_DEV1"
       ;;
     *) note "unknown step $s" ;;
   esac

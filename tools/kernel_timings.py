@@ -555,6 +555,7 @@ def main() -> None:
             shape(name)
         except ValueError as e:
             ap.error(f"--shapes: {e}")
+    print(mok_internals.extension_fingerprint(), flush=True)
     if args.what == "compile":
         compile_times(shapes, quantizations)
     elif args.what == "quantizers":
