@@ -76,8 +76,20 @@ fi
 
 # use_ext DIR: DIR's prebuilt extension in place, its MD5 in the summary (the tools print the MD5
 # of the module they load: tools/kernel_timings.py, tools/compare_builds.py; the two must agree).
+# An editable install (the build branch below, `pip install -e .`) leaves an import hook that
+# loads the extension from its build directory whatever lies in jax_mok/: every later copy on the
+# same machine would then run that build (one session's A/B compared main with itself that way),
+# so the module's origin is checked too.
 use_ext() {
   cp "$1"/_mok_c*.so jax_mok/ || { note "use_ext $1: copy failed"; return 1; }
+  local origin
+  origin=$(PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} python3 -c \
+    "import importlib.util as u; print(u.find_spec('jax_mok._mok_cuda').origin)" 2>&1 | tail -1)
+  if [ "$(realpath "$origin" 2>/dev/null)" != "$(realpath jax_mok/_mok_cuda*.so)" ]; then
+    note "use_ext $1: jax_mok._mok_cuda loads from $origin, not jax_mok/ (an editable install?" \
+      "pip uninstall -y jax_mok)"
+    return 1
+  fi
   note "extension $1: md5 $(md5sum jax_mok/_mok_cuda*.so | cut -c1-8)"
 }
 
@@ -244,7 +256,7 @@ for s in ${STEPS//,/ }; do
       ;;
     ab)
       for ext in $AB_DEV "$AB_BASE"; do
-        use_ext "$ext"
+        use_ext "$ext" || continue
         XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 run "ab_$(basename "$ext")" ${AB_TIMEOUT:-150} \
           python3 tools/compare_builds.py run "/tmp/ab_$(basename "$ext").npz"
       done
@@ -257,7 +269,7 @@ for s in ${STEPS//,/ }; do
     profab)
       for q in ${AB_QUANT:-none fp8_block}; do
         for ext in "$AB_BASE" $AB_DEV; do
-          use_ext "$ext"
+          use_ext "$ext" || continue
           JAX_MOK_CUDA_PROFILE=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 TAIL=0 \
             run "prof_$(basename "$ext")_$q" ${PROFILE_TIMEOUT:-120} python3 \
             tools/kernel_timings.py profile --shapes ${AB_SHAPES:-S1,S2} --quantization $q
