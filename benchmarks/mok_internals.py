@@ -90,8 +90,8 @@ def fp8_kernel_targets(lowered_text: str) -> list[str]:
 def extension_fingerprint() -> str:
     """Which CUDA extension this process runs: the path of the loaded ``_mok_cuda`` module and the
     first 8 hex digits of its file's MD5, or why there is none. An A/B that swaps builds between
-    processes prints it in each, so that a run on the wrong build shows in its own log (one
-    session's A/B compared a build with itself without a sign)."""
+    processes prints it in each, so that a run on the wrong build shows in its own log instead of
+    passing for an A/B of a build with itself."""
     import hashlib
 
     ffi = _module("_ffi")

@@ -5,9 +5,9 @@ cuts them out (every embedded ELF whose machine is EM_CUDA) and, where `nvdisasm
 (`pip download nvidia-cuda-nvdisasm`: its wheel holds the binary; set NVDISASM or put it on
 PATH), prints for every kernel whose name matches --kernel the number of instructions matching
 each --count pattern. It answers, before any device time is spent, whether a build holds the code
-an A/B means to measure: one session's experimental "no promotion" build had no QGMMA left at all
-(ptxas deletes wgmmas whose results nothing reads), and another session measured a build other
-than the one it carried (the SASS in ncu's report had n128 QGMMAs, the carried build only n64).
+an A/B means to measure — e.g. that an experimental build still has its QGMMAs (ptxas deletes
+wgmmas whose results nothing reads) — and, against the SASS of an ncu report, which build a
+profiled process actually ran.
 
     python tools/cubin_sass.py .device/ext-x/_mok_cuda*.so --kernel fp8_gemm --count QGMMA FFMA
 """

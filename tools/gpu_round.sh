@@ -78,8 +78,8 @@ fi
 # of the module they load: tools/kernel_timings.py, tools/compare_builds.py; the two must agree).
 # An editable install (the build branch below, `pip install -e .`) leaves an import hook that
 # loads the extension from its build directory whatever lies in jax_mok/: every later copy on the
-# same machine would then run that build (one session's A/B compared main with itself that way),
-# so the module's origin is checked too.
+# same machine would then run that build (an A/B would compare that build with itself), so the
+# module's origin is checked too.
 use_ext() {
   cp "$1"/_mok_c*.so jax_mok/ || { note "use_ext $1: copy failed"; return 1; }
   local origin
