@@ -110,6 +110,15 @@ inline GemmParams RoutedParams(const Routing& r, const float* topk_weights) {
   return p;
 }
 
+// A routed-M GEMM's parameters: RoutedParams with the call's tile counter `counter` (<
+// kTileCounters; each routed-M GEMM of a forward or backward call its own), which hands the
+// tiles out in order (GemmParams::tile_counter). Routed-K GEMMs keep RoutedParams' null counter.
+inline GemmParams RoutedMParams(const Routing& r, const float* topk_weights, int counter) {
+  GemmParams p = RoutedParams(r, topk_weights);
+  p.tile_counter = r.tile_counters + counter;
+  return p;
+}
+
 #ifdef JAX_MOK_HAVE_CUTLASS
 // The wgmma kernel, staged where the plan says and the kernel can (plain row outputs).
 template <Mode kMode, Epi kEpi, bool kTmaA>

@@ -49,31 +49,28 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
     MOK_RETURN_IF_ERROR(GatherXDy<T>(r, x, dy, H, b.x_sorted, b.dy_sorted, plan.sms, stream));
 
   if (!h_saved) {
-    GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e]  (stored in x's dtype)
+    GemmParams g1 = RoutedMParams(r, w, 0);  // h = x[tok] @ Wgu[e]  (stored in x's dtype)
     g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
     g1.a = x_rows.base, g1.a_gather = x_rows.gather, g1.lda = H, g1.a_rows = TK;
     g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
     g1.out = b.h_scratch, g1.ldo = 2 * F;
-    g1.tile_counter = r.tile_counters + 0;  // each routed-M GEMM of the call its own counter
     MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBN, Epi::kStoreGLU>(
         {"gate/up GEMM (recompute)", "x", "w_gate_up"}, g1, plan, stream)));
   }
 
-  GemmParams g2 = RoutedParams(r, w);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
+  GemmParams g2 = RoutedMParams(r, w, 1);  // g = dy[tok] @ Wd[e]^T → dh, w·a, d_w partials
   g2.N = F, g2.K = H, g2.n_tiles = g_tiles;
   g2.a = dy_rows.base, g2.a_gather = dy_rows.gather, g2.lda = H, g2.a_rows = TK;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
-  g2.tile_counter = r.tile_counters + 1;
   MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(
       {"dy Wd^T GEMM + SwiGLU bwd", "dy", "w_down"}, g2, plan, stream)));
 
-  GemmParams g3 = RoutedParams(r, w);  // dx_part = dh @ Wgu[e]^T
+  GemmParams g3 = RoutedMParams(r, w, 2);  // dx_part = dh @ Wgu[e]^T
   g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, bn);
   g3.a = b.dh, g3.lda = 2 * F, g3.a_rows = TK;
   g3.b = wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
   g3.out = b.dx_part, g3.ldo = H;
-  g3.tile_counter = r.tile_counters + 2;
   MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBK, Epi::kStoreRows>(
       {"dh Wgu^T GEMM", "dh", "w_gate_up"}, g3, plan, stream)));
 

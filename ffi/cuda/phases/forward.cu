@@ -32,13 +32,12 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Pl
                                x_sorted, static_cast<int>(H), plan.sms, stream),
               stream));
 
-  GemmParams g1 = RoutedParams(r, w);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
+  GemmParams g1 = RoutedMParams(r, w, 0);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
   g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
   const ExpertOrderRows x_rows = InExpertOrder(x, x_sorted, r);
   g1.a = x_rows.base, g1.a_gather = x_rows.gather, g1.lda = H, g1.a_rows = TK;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
   g1.out = act, g1.ldo = F, g1.out2 = h_save;
-  g1.tile_counter = r.tile_counters + 0;  // each routed-M GEMM of the call its own counter
   if (h_save) {  // training: keep h for the backward (saves its recompute GEMM)
     MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBN, Epi::kSwiGLUSave>(
         {"gate/up GEMM + SwiGLU (h saved)", "x", "w_gate_up"}, g1, plan, stream)));
@@ -47,12 +46,11 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Pl
         {"gate/up GEMM + SwiGLU", "x", "w_gate_up"}, g1, plan, stream)));
   }
 
-  GemmParams g2 = RoutedParams(r, w);  // y_part = w · (a @ Wd[e])
+  GemmParams g2 = RoutedMParams(r, w, 1);  // y_part = w · (a @ Wd[e])
   g2.N = H, g2.K = F, g2.n_tiles = CeilDiv(H, bn);
   g2.a = act, g2.lda = F, g2.a_rows = TK;
   g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = y_part, g2.ldo = H;
-  g2.tile_counter = r.tile_counters + 1;
   MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBN, Epi::kWeighted>(
       {"down GEMM x weight", "the activations a", "w_down"}, g2, plan, stream)));
 

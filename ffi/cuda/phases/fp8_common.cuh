@@ -79,10 +79,9 @@ inline Fp8GemmParams RoutedFp8(const Routing& r, const float* topk_weights, Quan
   p.a_gather = gather;
   p.a_scale = a.scales;
   p.a_scale_ld = k / 32;
-  p.epi = RoutedParams(r, topk_weights);
+  p.epi = RoutedMParams(r, topk_weights, counter);
   p.epi.N = static_cast<int>(n);
   p.epi.n_tiles = p.n_tiles;
-  p.epi.tile_counter = r.tile_counters + counter;
   return p;
 }
 
