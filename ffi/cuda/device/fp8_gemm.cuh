@@ -31,10 +31,12 @@
 //             expert's positions padded to a multiple of 128 (k_offset).
 #pragma once
 
+#include <algorithm>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
+#include "cuda/device/cluster.cuh"
 #include "cuda/device/epilogue_staged.cuh"
 #include "cuda/device/fp8_format.cuh"
 #include "cuda/device/mainloop_sm90.cuh"  // producer_sync, consumer_sync
@@ -48,6 +50,14 @@ constexpr int kSteps = kBK / 32;  // k32 wgmma steps per stage
 constexpr int kBoxRows = 64;      // rows of one TMA box of B (128 bytes wide)
 
 enum class TileShape { kRoutedM, kExpertK };
+
+// CTAs per cluster: 1, or 2 for m-tile pairs that share their B tile by TMA multicast
+// (cluster.cuh). A build choice (CMake JAX_MOK_FP8_CLUSTER) until a GPU A/B decides it.
+#ifndef JAX_MOK_FP8_CLUSTER
+#define JAX_MOK_FP8_CLUSTER 1
+#endif
+constexpr int kCluster = JAX_MOK_FP8_CLUSTER;
+static_assert(kCluster == 1 || kCluster == 2, "JAX_MOK_FP8_CLUSTER: 1 or 2");
 // kGluQuant: SwiGLU of the gate/up tile, quantized to FP8 (+ h saved when epi.out2 is set).
 // Otherwise one of the BF16 path's epilogues (epilogue.cuh).
 enum class Epi8 { kGluQuant, kWeighted, kSwiGLUBwd, kStoreRows, kStoreGLU, kStoreCast };
@@ -87,6 +97,69 @@ struct Fp8GemmParams {
 // change; kRoutedBN stands for it).
 template <TileShape kShape>
 constexpr Mode kScheduleOf = kShape == TileShape::kExpertK ? Mode::kRoutedK : Mode::kRoutedBN;
+
+// The tiles of a launch: with pairs (kCluster 2), pair tiles, each two m-tiles of one
+// (expert, n-tile); routed-M's s_prefix then holds the pair prefix (cluster.cuh: pair_prefix).
+template <TileShape kShape>
+__device__ __forceinline__ int fp8_total_tiles(const Fp8GemmParams& p, const int* s_prefix) {
+  if constexpr (kCluster == 1 || kShape == TileShape::kRoutedM)
+    return total_tiles<kScheduleOf<kShape>>(p, s_prefix);
+  else
+    return p.experts * ((p.m_tiles + 1) / 2) * p.n_tiles;
+}
+
+// Tile `tile` of this CTA (cluster rank `rank`). A pair's m-tiles are 2j + rank, j the pair's
+// m index; the second of an odd count has rows == 0 (cluster.cuh: it runs no math, no epilogue).
+template <TileShape kShape>
+__device__ __forceinline__ WorkTile fp8_decode_tile(const Fp8GemmParams& p, int tile,
+                                                    const int* s_prefix, const int* s_offset,
+                                                    uint32_t rank) {
+  if constexpr (kCluster == 1) {
+    return decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
+  } else if constexpr (kShape == TileShape::kExpertK) {
+    WorkTile w;
+    const int pairs = (p.m_tiles + 1) / 2, per_expert = pairs * p.n_tiles;
+    w.expert = tile / per_expert;
+    const int local = tile - w.expert * per_expert;
+    w.n_tile = local / pairs;
+    w.row0 = (2 * (local - w.n_tile * pairs) + static_cast<int>(rank)) * kTileM;
+    w.rows = max(0, min(kTileM, p.M - w.row0));
+    w.k_off = s_offset[w.expert];
+    w.k_len = s_offset[w.expert + 1] - w.k_off;
+    return w;
+  } else {
+    // decode_routed_tile over the pair prefix: its row0 is first + 128 x (pair's m index).
+    const RoutedTile rt = decode_routed_tile(tile, s_prefix, s_offset, p.experts, p.n_tiles);
+    const int first = s_offset[rt.expert];
+    WorkTile w;
+    w.expert = rt.expert;
+    w.n_tile = rt.n_tile;
+    w.row0 = first + 2 * (rt.row0 - first) + static_cast<int>(rank) * kTileM;
+    w.rows = max(0, min(kTileM, s_offset[rt.expert + 1] - w.row0));
+    w.k_off = 0;
+    w.k_len = p.K;
+    return w;
+  }
+}
+
+// The static order: CTA b (cluster b / kCluster) runs tiles b, b + grid, ... (of its cluster).
+__device__ __forceinline__ int static_tile(int it) {
+  if constexpr (kCluster == 1)
+    return static_cast<int>(blockIdx.x + it * gridDim.x);
+  else
+    return static_cast<int>(blockIdx.x / kCluster + it * (gridDim.x / kCluster));
+}
+
+// A consumer warpgroup hands a stage back: to its own producer, and with pairs to both CTAs'
+// (either writes B into both shared memories).
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
+  if constexpr (kCluster == 1) {
+    mbar_arrive(empty);
+  } else {
+#pragma unroll
+    for (uint32_t r = 0; r < kCluster; ++r) mbar_arrive_cluster(cluster_smem(smem_u32(empty), r));
+  }
+}
 
 // First B row of box j (0..3): boxes 0, 1 fill half 0, boxes 2, 3 half 1. Gate/up tiles put the
 // 128 gate columns of F in half 0 and their up columns in half 1.
@@ -147,10 +220,10 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
 // the pipeline's bottleneck: the consumers waited on `full` a third of the time.)
 template <Recipe R, TileShape kShape, bool kBPerRow>
 __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
-                             const int* s_offset, int t) {
+                             const int* s_offset, int t, uint32_t rank) {
   constexpr int kStages = Fp8Smem<R>::kStages;
   constexpr int kBScaleRows = kBPerRow ? 2 : 1;  // B scale words this thread copies per stage
-  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
+  const int total = fp8_total_tiles<kShape>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
   // Its A chunks land at dst0 + 2048 i in a stage: rows (t >> 3) + 16 i share the 128B
   // swizzle phase (t >> 3) & 7.
@@ -160,10 +233,15 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
-    const int tile = dynamic ? producer_tile(s.tiles, walk, p.epi.tile_counter, total, t)
-                             : static_cast<int>(blockIdx.x + it * gridDim.x);
+    int tile;
+    if (!dynamic)
+      tile = static_tile(it);
+    else if constexpr (kCluster == 1)
+      tile = producer_tile(s.tiles, walk, p.epi.tile_counter, total, t);
+    else
+      tile = pair_producer_tile(s.tiles, walk, p.epi.tile_counter, total, t, rank);
     if (tile < 0 || tile >= total) break;
-    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
+    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank);
     producer_sync();                       // the previous tile's rows are no longer read
     const uint8_t* a_scale_row = nullptr;  // row t's scales (nullptr: no row, zero fill)
     {
@@ -196,18 +274,32 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
                            : nullptr;
     }
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
-      mbar_wait(&s.empty[stage], phase ^ 1);
-      const int k = w.k_off + k0;  // absolute K of the stage in A and B
+      if constexpr (kCluster == 1)
+        mbar_wait(&s.empty[stage], phase ^ 1);
+      else
+        mbar_wait_cluster(&s.empty[stage], phase ^ 1);  // both CTAs' consumers
+      const int k = w.k_off + k0;                       // absolute K of the stage in A and B
       const uint32_t stage_a = smem_u32(s.a[stage]) + dst0;
 #pragma unroll
       for (int i = 0; i < 8; ++i)  // A: 128 rows x 8 chunks of 16 bytes
         cp_async_16(stage_a + 2048 * i, a_src[i] ? a_src[i] + k : p.a, a_src[i] != nullptr);
       if (t == 0) {
-        mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);
+        mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);  // all of B, whoever loads it
+        if constexpr (kCluster == 1) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
-                      &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
+          for (int j = 0; j < 4; ++j)
+            tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
+                        &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
+        } else {
+          // This CTA's half of B (boxes 2 rank, 2 rank + 1) into both CTAs.
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int j = 2 * static_cast<int>(rank) + i;
+            tma_load_3d_multicast(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK,
+                                  &p.tmap_b, &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e,
+                                  uint16_t{0b11});
+          }
+        }
       }
       // Scales: one 32-bit word per row and stage (4 E8M0 bytes, or one float32). A row past
       // the tile, or a B row past b_rows, reads as word 0 (zero fill), as its values do.
@@ -249,7 +341,7 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
 
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
-                             const int* s_offset, int wg, int t) {
+                             const int* s_offset, int wg, int t, uint32_t rank) {
   using namespace cute;
   using Elem = cute::float_e4m3_t;
   constexpr int kStages = Fp8Smem<R>::kStages;
@@ -273,7 +365,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   static_assert(decltype(size(part))::value == 64, "64 accumulators per thread and half");
   float acc[128];  // value i + 64 h: half h, in the wgmma order of a 64 x 256 warpgroup tile
   const int r0 = 64 * wg + frag_row(0, t), r1 = 64 * wg + frag_row(2, t);
-  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
+  const int total = fp8_total_tiles<kShape>(p, s_prefix);
   // The SwiGLU epilogues in bf16 keep the tile's last stage as their buffers
   // (epilogue_staged.cuh); routed-M tiles have K > 0, so there is always one.
   constexpr bool kHeld =
@@ -283,10 +375,15 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
-    const int tile =
-        dynamic ? next_tile(s.tiles, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
+    int tile;
+    if (!dynamic)
+      tile = static_tile(it);
+    else if constexpr (kCluster == 1)
+      tile = next_tile(s.tiles, walk);
+    else
+      tile = pair_next_tile(s.tiles, walk);
     if (tile < 0 || tile >= total) break;
-    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
+    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank);
     if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -294,8 +391,9 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     // positions in its last tile: decode-sized batches) issues no wgmma and no promotion; it
     // still waits for each stage to fill before handing it back, so its arrivals stay in step
     // with the ring. Its accumulators stay zero, and no epilogue stores a row past w.rows.
-    // (The weight gradients' M is H or F: a multiple of 128 in the FP8 layer.)
-    const bool idle = kShape == TileShape::kRoutedM && 64 * wg >= w.rows;
+    // (The weight gradients' M is H or F: a multiple of 128 in the FP8 layer; with pairs, the
+    // second m-tile of an odd count has no rows and idles in both warpgroups.)
+    const bool idle = (kShape == TileShape::kRoutedM || kCluster > 1) && 64 * wg >= w.rows;
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
       mbar_wait(&s.full[stage], phase);
       fence_proxy_async();  // cp.async wrote A through the generic proxy; wgmma reads async
@@ -345,8 +443,17 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
       if (kHeld && k0 + kBK >= w.k_len)
         held = stage;
       else if (t == 0)
-        mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
+        release_stage(&s.empty[stage]);  // this warpgroup is done with the stage
       if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    if constexpr (kCluster > 1) {
+      if (w.rows <= 0) {  // a pair's missing m-tile: no epilogue; the held stage goes back
+        if constexpr (kHeld) {
+          warpgroup_sync(wg);
+          if (t == 0) release_stage(&s.empty[held]);
+        }
+        continue;
+      }
     }
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kHeld) {
@@ -359,7 +466,13 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
         swiglu_bwd_staged<kBN>(p.epi, w, value, wg, t, eb);
       else
         glu_staged<Epi::kStoreGLU, kBN>(p.epi, w, value, wg, t, eb);
-      release_held_stage(&s.empty[held], wg, t);
+      if constexpr (kCluster == 1) {
+        release_held_stage(&s.empty[held], wg, t);
+      } else {
+        fence_proxy_async();  // as release_held_stage, arriving on both CTAs' barrier
+        warpgroup_sync(wg);
+        if (t == 0) release_stage(&s.empty[held]);
+      }
     } else if constexpr (kEpi == Epi8::kGluQuant) {
       glu_quant_epilogue<R, T, false>(p, w, acc, wg, t, EpiBuffers{});
     } else {
@@ -394,27 +507,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* s_offset = s_prefix + p.experts + 1;                           // expert_offset / k_offset
   const int* prefix_src = kShape == TileShape::kExpertK ? p.k_offset : p.mtile_prefix;
   const int* offset_src = kShape == TileShape::kExpertK ? p.k_offset : p.expert_offset;
+  constexpr bool kPairPrefix = kCluster > 1 && kShape == TileShape::kRoutedM;
+  if constexpr (kPairPrefix) {
+    if (threadIdx.x < 32) pair_prefix(p.mtile_prefix, p.experts, s_prefix, threadIdx.x);
+  }
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
-    s_prefix[i] = prefix_src[i];
+    if constexpr (!kPairPrefix) s_prefix[i] = prefix_src[i];
     s_offset[i] = offset_src[i];
   }
   if (threadIdx.x == 0) {
     for (int i = 0; i < Fp8Smem<R>::kStages; ++i) {
       mbar_init(&s.full[i], kFullArrivals<R>);
-      mbar_init(&s.empty[i], 2);  // one thread per consumer warpgroup
+      mbar_init(&s.empty[i], 2 * kCluster);  // one thread per consumer warpgroup (per CTA)
     }
-    init_tile_ring(s.tiles);
+    if constexpr (kCluster == 1) {
+      init_tile_ring(s.tiles);
+    } else {
+      init_pair_tile_ring(s.tiles);
+      fence_barrier_init();
+    }
   }
-  __syncthreads();
+  if constexpr (kCluster == 1)
+    __syncthreads();
+  else
+    cluster_sync();  // both CTAs' barriers exist before either arrives on the other's
+  const uint32_t rank = kCluster == 1 ? 0u : cluster_rank();
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
-    fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t);
+    fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t);
+    fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t, rank);
   }
+  // The partner may still arrive on this CTA's barriers and write its shared memory until it
+  // passes here.
+  if constexpr (kCluster > 1) cluster_sync();
 #endif
 }
 
@@ -425,8 +554,33 @@ cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t st
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<num_sms, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  if constexpr (kCluster == 1) {
+    kernel<<<num_sms, kThreads, smem, stream>>>(p);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kCluster;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    // The persistent grid: as many pairs as can be resident at once (a GPC with an odd count of
+    // free SMs leaves one idle), never more than the SMs hold.
+    // Asked once per kernel: one CTA per SM whatever the table sizes.
+    static const int resident = [&] {
+      cfg.gridDim = dim3(num_sms / kCluster * kCluster);
+      int clusters = 0;
+      return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess ? clusters : 0;
+    }();
+    if (resident < 1) return cudaErrorInvalidConfiguration;
+    cfg.gridDim = dim3(kCluster * std::min(resident, num_sms / kCluster));
+    return cudaLaunchKernelEx(&cfg, kernel, p);
+  }
 }
 
 }  // namespace mok::cuda::fp8

@@ -1,0 +1,175 @@
+// Two-CTA clusters ("pairs") for the persistent grouped GEMMs. The two CTAs of a cluster work on
+// m-tiles 2j and 2j + 1 of the same (expert, n-tile), so they read the same weight tile B: each
+// CTA loads one half of B by TMA multicast into both CTAs' shared memory, and B's L2 reads per
+// tile halve. (A tile of 128 x 256 reads 128 rows of A and 256 of B per K: a third fewer L2 bytes
+// per FLOP, the limit of the FP8 mainloop on S2 in docs/perf-notes.md.)
+//
+// Invariants a paired kernel keeps:
+//   - Both CTAs walk the same sequence of pair tiles and the same K loop, so their stage rings
+//     stay in step: stage s of one holds the same k-block as stage s of the other.
+//   - A stage is refilled only when the consumers of both CTAs have released it: each consumer
+//     warpgroup arrives on the `empty` barrier of both CTAs (count 2 x 2), since either CTA's
+//     producer writes into both shared memories.
+//   - A pair whose second m-tile does not exist (an expert with an odd count of m-tiles) still
+//     runs both CTAs through the K loop: the idle CTA loads its half of B for its partner and
+//     hands every stage back, with no math and no epilogue (WorkTile::rows == 0).
+//   - Dynamic tile order (TileRing): rank 0's producer takes each pair id from the counter and
+//     writes it into both CTAs' rings; every reader of either ring (the consumer warps of both
+//     CTAs and rank 1's producer) arrives on rank 0's `empty` slot, so rank 0 overwrites a slot
+//     of rank 1 only after rank 1 has read it.
+//   - No CTA exits while its partner may still write its shared memory or arrive on its barriers:
+//     the kernel ends with a cluster barrier.
+#pragma once
+
+#include "cuda/device/pipeline.cuh"
+#include "cuda/device/ptx.cuh"
+
+namespace mok::cuda {
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// The shared::cluster address of this CTA's shared-memory word `local` in the CTA of `rank`.
+__device__ __forceinline__ uint32_t cluster_smem(uint32_t local, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(local), "r"(rank));
+  return r;
+}
+
+// Arrival on an mbarrier of any CTA of the cluster, releasing this thread's prior writes at
+// cluster scope.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr)
+               : "memory");
+}
+
+// mbar_wait for a barrier that another CTA arrives on: acquires at cluster scope.
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, int parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void st_cluster_u32(uint32_t cluster_addr, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(cluster_addr), "r"(v) : "memory");
+}
+
+// Makes this thread's mbarrier.init visible to the other CTAs of the cluster (before the cluster
+// barrier that lets them arrive on it).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Every thread of every CTA of the cluster (not .aligned: called after divergent roles).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// tma_load_3d into the same shared-memory offset of every CTA in `cta_mask`, each CTA's barrier
+// at `bar`'s offset receiving the bytes that land in it.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* tensor_map,
+                                                      uint64_t* bar, int c0, int c1, int c2,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(tensor_map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+
+// ------------------------------------------------------------------ the pair tile ring
+// Arrivals that free a slot of rank 0's ring: each consumer warp of both CTAs, and rank 1's
+// producer thread that relays the id to its own producer warpgroup.
+constexpr int kPairRingReaders = 2 * 8 + 1;
+
+__device__ __forceinline__ void init_pair_tile_ring(TileRing& r) {
+  for (int i = 0; i < kTileRing; ++i) {
+    mbar_init(&r.full[i], 1);                  // rank 0's producer thread, in both CTAs
+    mbar_init(&r.empty[i], kPairRingReaders);  // read on rank 0 only
+  }
+}
+
+// Rank 0's producer thread 0: the next pair id (-1 past `total`) into both CTAs' slot.
+__device__ __forceinline__ int pair_take_tile(TileRing& r, PipelineState<kTileRing>& walk,
+                                              int* counter, int total) {
+  mbar_wait_cluster(&r.empty[walk.stage], walk.phase ^ 1);
+  int id = atomicAdd(counter, 1);
+  if (id >= total) id = -1;
+  r.id[walk.stage] = id;
+  st_cluster_u32(cluster_smem(smem_u32(&r.id[walk.stage]), 1), static_cast<uint32_t>(id));
+  mbar_arrive(&r.full[walk.stage]);
+  mbar_arrive_cluster(cluster_smem(smem_u32(&r.full[walk.stage]), 1));  // releases the store
+  r.current = id;
+  walk.advance();
+  return id;
+}
+
+// Rank 1's producer thread 0: the id rank 0 wrote, for its producer warpgroup (`current`).
+__device__ __forceinline__ int pair_receive_tile(TileRing& r, PipelineState<kTileRing>& walk) {
+  mbar_wait_cluster(&r.full[walk.stage], walk.phase);
+  const int id = *reinterpret_cast<volatile int*>(&r.id[walk.stage]);
+  mbar_arrive_cluster(cluster_smem(smem_u32(&r.empty[walk.stage]), 0));
+  r.current = id;
+  walk.advance();
+  return id;
+}
+
+// A consumer thread of either CTA: the next pair id; one arrival per warp once its lanes read it.
+__device__ __forceinline__ int pair_next_tile(TileRing& r, PipelineState<kTileRing>& walk) {
+  mbar_wait_cluster(&r.full[walk.stage], walk.phase);
+  const int id = *reinterpret_cast<volatile int*>(&r.id[walk.stage]);
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbar_arrive_cluster(cluster_smem(smem_u32(&r.empty[walk.stage]), 0));
+  walk.advance();
+  return id;
+}
+
+// The producer warpgroup's threads (t of 128): the pair id, through `current` after a producer
+// barrier (bar.sync 1, 128), as producer_tile (mainloop_sm90.cuh).
+__device__ __forceinline__ int pair_producer_tile(TileRing& r, PipelineState<kTileRing>& walk,
+                                                  int* counter, int total, int t, uint32_t rank) {
+  if (t == 0) {
+    if (rank == 0)
+      pair_take_tile(r, walk, counter, total);
+    else
+      pair_receive_tile(r, walk);
+  }
+  asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  return *reinterpret_cast<volatile int*>(&r.current);
+}
+
+// ------------------------------------------------------------------ the pair schedule
+// Routed-M: pair tiles are numbered as routed tiles with m-tile pairs in place of m-tiles; the
+// kernel's prefix table holds the exclusive prefix of ceil(m-tiles / 2) per expert, which warp 0
+// builds from the routing's m-tile prefix (global memory, so that no lane reads a table entry
+// another lane overwrites).
+__device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts, int* out,
+                                            int lane) {
+  const int chunk = (experts + 31) / 32;
+  const int lo = min(experts, lane * chunk), hi = min(experts, lo + chunk);
+  int sum = 0;
+  for (int e = lo; e < hi; ++e) sum += (mtile_prefix[e + 1] - mtile_prefix[e] + 1) >> 1;
+  int incl = sum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int base = incl - sum;
+  for (int e = lo; e < hi; ++e) {
+    out[e] = base;
+    base += (mtile_prefix[e + 1] - mtile_prefix[e] + 1) >> 1;
+  }
+  if (lane == 31) out[experts] = incl;
+}
+
+}  // namespace mok::cuda
