@@ -54,3 +54,30 @@ def test_a_log_without_ptxas_output_fails(tmp_path):
     path = tmp_path / "build.log"
     path.write_text("-- Configuring done\n")
     assert check_ptxas.main([str(path)]) == 1
+
+
+def test_compile_mode_builds_units_with_the_defines_and_checks_them(tmp_path):
+    """--compile: the units are compiled with each --define, and what ptxas says of them decides
+    (here a define that makes a GEMM kernel's accumulator array spill). Needs nvcc and the
+    nvidia-cutlass headers (tools/ptx_compare.py's flags)."""
+    import shutil
+
+    import pytest
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc")
+    pytest.importorskip("cutlass_library")
+    unit = tmp_path / "unit.cu"
+    unit.write_text(  # N values live at once, in at most 32 registers: N = 96 spills
+        "#ifndef N\n#define N 1\n#endif\n"
+        "__global__ void __launch_bounds__(1024, 2) toy_gemm_kernel(float* out) {\n"
+        "  float v[N];\n"
+        "#pragma unroll\n"
+        "  for (int i = 0; i < N; ++i) v[i] = out[i * blockDim.x + threadIdx.x];\n"
+        "  float s = 0.f;\n"
+        "#pragma unroll\n"
+        "  for (int i = 0; i < N; ++i) s += v[i] * v[N - 1 - i];\n"
+        "#pragma unroll\n"
+        "  for (int i = 0; i < N; ++i) out[i * blockDim.x + threadIdx.x] = v[i] * s;\n"
+        "}\n")
+    assert check_ptxas.main(["--compile", str(unit)]) == 0
+    assert check_ptxas.main(["--compile", str(unit), "--define", "N=96"]) == 1
