@@ -21,6 +21,8 @@
 //     the kernel ends with a cluster barrier.
 #pragma once
 
+#include <algorithm>
+
 #include "cuda/device/pipeline.cuh"
 #include "cuda/device/ptx.cuh"
 
@@ -170,6 +172,52 @@ __device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts
     base += (mtile_prefix[e + 1] - mtile_prefix[e] + 1) >> 1;
   }
   if (lane == 31) out[experts] = incl;
+}
+
+// Routed-M pair tile `tile` (the pair prefix in s_prefix): this rank's m-tile 2j + rank of the
+// pair j of its (expert, n-tile), rows == 0 where that m-tile does not exist. decode_routed_tile
+// over the pair prefix returns row0 = first + 128 j.
+template <class Params>
+__device__ __forceinline__ WorkTile decode_pair_routed(const Params& p, int tile,
+                                                       const int* s_prefix, const int* s_offset,
+                                                       uint32_t rank) {
+  const RoutedTile rt = decode_routed_tile(tile, s_prefix, s_offset, p.experts, p.n_tiles);
+  const int first = s_offset[rt.expert];
+  WorkTile w;
+  w.expert = rt.expert;
+  w.n_tile = rt.n_tile;
+  w.row0 = first + 2 * (rt.row0 - first) + static_cast<int>(rank) * kTileM;
+  w.rows = max(0, min(kTileM, s_offset[rt.expert + 1] - w.row0));
+  w.k_off = 0;
+  w.k_len = p.K;
+  return w;
+}
+
+// A persistent launch of `kKernel` in clusters of `kCtas` (x): as many clusters as can be
+// resident at once (a GPC with an odd count of free SMs leaves one SM idle), at most the SMs'.
+// The resident count is asked once per kernel (one CTA per SM whatever its table sizes).
+template <auto kKernel, int kCtas, class Params>
+cudaError_t launch_clusters(const Params& p, int threads, size_t smem, int num_sms,
+                            cudaStream_t stream) {
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kCtas;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &cluster;
+  cfg.numAttrs = 1;
+  static const int resident = [&] {
+    cfg.gridDim = dim3(num_sms / kCtas * kCtas);
+    int clusters = 0;
+    return cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg) == cudaSuccess ? clusters : 0;
+  }();
+  if (resident < 1) return cudaErrorInvalidConfiguration;
+  cfg.gridDim = dim3(kCtas * std::min(resident, num_sms / kCtas));
+  return cudaLaunchKernelEx(&cfg, kKernel, p);
 }
 
 }  // namespace mok::cuda

@@ -31,7 +31,6 @@
 //             expert's positions padded to a multiple of 128 (k_offset).
 #pragma once
 
-#include <algorithm>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -128,17 +127,7 @@ __device__ __forceinline__ WorkTile fp8_decode_tile(const Fp8GemmParams& p, int 
     w.k_len = s_offset[w.expert + 1] - w.k_off;
     return w;
   } else {
-    // decode_routed_tile over the pair prefix: its row0 is first + 128 x (pair's m index).
-    const RoutedTile rt = decode_routed_tile(tile, s_prefix, s_offset, p.experts, p.n_tiles);
-    const int first = s_offset[rt.expert];
-    WorkTile w;
-    w.expert = rt.expert;
-    w.n_tile = rt.n_tile;
-    w.row0 = first + 2 * (rt.row0 - first) + static_cast<int>(rank) * kTileM;
-    w.rows = max(0, min(kTileM, s_offset[rt.expert + 1] - w.row0));
-    w.k_off = 0;
-    w.k_len = p.K;
-    return w;
+    return decode_pair_routed(p, tile, s_prefix, s_offset, rank);
   }
 }
 
@@ -558,28 +547,8 @@ cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t st
     kernel<<<num_sms, kThreads, smem, stream>>>(p);
     return cudaGetLastError();
   } else {
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kCluster;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    // The persistent grid: as many pairs as can be resident at once (a GPC with an odd count of
-    // free SMs leaves one idle), never more than the SMs hold.
-    // Asked once per kernel: one CTA per SM whatever the table sizes.
-    static const int resident = [&] {
-      cfg.gridDim = dim3(num_sms / kCluster * kCluster);
-      int clusters = 0;
-      return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess ? clusters : 0;
-    }();
-    if (resident < 1) return cudaErrorInvalidConfiguration;
-    cfg.gridDim = dim3(kCluster * std::min(resident, num_sms / kCluster));
-    return cudaLaunchKernelEx(&cfg, kernel, p);
+    return launch_clusters<fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>, kCluster>(
+        p, kThreads, smem, num_sms, stream);
   }
 }
 
