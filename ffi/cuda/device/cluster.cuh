@@ -150,16 +150,29 @@ __device__ __forceinline__ int pair_producer_tile(TileRing& r, PipelineState<kTi
 }
 
 // ------------------------------------------------------------------ the pair schedule
-// Routed-M: pair tiles are numbered as routed tiles with m-tile pairs in place of m-tiles; the
-// kernel's prefix table holds the exclusive prefix of ceil(m-tiles / 2) per expert, which warp 0
-// builds from the routing's m-tile prefix (global memory, so that no lane reads a table entry
-// another lane overwrites).
+// Routed-M. An expert with m m-tiles has floor(m / 2) shared pairs (m-tiles 2j, 2j + 1: one B,
+// multicast) and, for odd m, a single: its last m-tile. Singles are paired across experts (singles
+// 2q and 2q + 1 in expert order), each CTA of such a pair loading its own B: every routed-M GEMM
+// has the same K, so the two still walk the same stages. Pair ids: the shared pairs first, numbered
+// as routed tiles are (expert, n-tile, pair), then the single pairs (q, n-tile). An odd count of
+// singles leaves rank 1 of the last single pairs idle (rows == 0).
+// The kernel's prefix table packs both exclusive prefixes per expert: shared pairs << kOddBits |
+// singles (the singles' count is at most the experts', < 2^kOddBits: launch_clusters checks).
+constexpr int kOddBits = 13;
+constexpr int kOddMask = (1 << kOddBits) - 1;
+
+// Warp 0 builds the packed prefix from the routing's m-tile prefix (read from global memory, so
+// that no lane reads a table entry another lane overwrites). Packed values add without carries.
 __device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts, int* out,
                                             int lane) {
+  auto packed = [&](int e) {
+    const int m = mtile_prefix[e + 1] - mtile_prefix[e];
+    return ((m >> 1) << kOddBits) | (m & 1);
+  };
   const int chunk = (experts + 31) / 32;
   const int lo = min(experts, lane * chunk), hi = min(experts, lo + chunk);
   int sum = 0;
-  for (int e = lo; e < hi; ++e) sum += (mtile_prefix[e + 1] - mtile_prefix[e] + 1) >> 1;
+  for (int e = lo; e < hi; ++e) sum += packed(e);
   int incl = sum;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
@@ -169,27 +182,66 @@ __device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts
   int base = incl - sum;
   for (int e = lo; e < hi; ++e) {
     out[e] = base;
-    base += (mtile_prefix[e + 1] - mtile_prefix[e] + 1) >> 1;
+    base += packed(e);
   }
   if (lane == 31) out[experts] = incl;
 }
 
-// Routed-M pair tile `tile` (the pair prefix in s_prefix): this rank's m-tile 2j + rank of the
-// pair j of its (expert, n-tile), rows == 0 where that m-tile does not exist. decode_routed_tile
-// over the pair prefix returns row0 = first + 128 j.
+template <class Params>
+__device__ __forceinline__ int pair_total_tiles(const Params& p, const int* s_prefix) {
+  const int all = s_prefix[p.experts];
+  return ((all >> kOddBits) + ((all & kOddMask) + 1) / 2) * p.n_tiles;
+}
+
+// Largest e in [0, experts) with key(e) <= v, where key(0) <= v < key(experts) and key is
+// non-decreasing.
+template <class Key>
+__device__ __forceinline__ int last_at_or_below(Key key, int experts, int v) {
+  int lo = 0, hi = experts;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (key(mid) <= v)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Pair tile `tile` for this rank; `shared`: both CTAs work on one B (loaded half each, multicast),
+// else each loads its own.
 template <class Params>
 __device__ __forceinline__ WorkTile decode_pair_routed(const Params& p, int tile,
                                                        const int* s_prefix, const int* s_offset,
-                                                       uint32_t rank) {
-  const RoutedTile rt = decode_routed_tile(tile, s_prefix, s_offset, p.experts, p.n_tiles);
-  const int first = s_offset[rt.expert];
+                                                       uint32_t rank, bool& shared) {
+  const int n = p.n_tiles, all = s_prefix[p.experts];
   WorkTile w;
-  w.expert = rt.expert;
-  w.n_tile = rt.n_tile;
-  w.row0 = first + 2 * (rt.row0 - first) + static_cast<int>(rank) * kTileM;
-  w.rows = max(0, min(kTileM, s_offset[rt.expert + 1] - w.row0));
   w.k_off = 0;
   w.k_len = p.K;
+  const int shared_tiles = (all >> kOddBits) * n;
+  shared = tile < shared_tiles;
+  if (shared) {
+    const int e =
+        last_at_or_below([&](int i) { return (s_prefix[i] >> kOddBits) * n; }, p.experts, tile);
+    const int pairs = (s_prefix[e + 1] >> kOddBits) - (s_prefix[e] >> kOddBits);
+    const int local = tile - (s_prefix[e] >> kOddBits) * n;
+    w.expert = e;
+    w.n_tile = local / pairs;
+    const int j = local - w.n_tile * pairs;
+    w.row0 = s_offset[e] + (2 * j + static_cast<int>(rank)) * kTileM;
+  } else {
+    const int local = tile - shared_tiles, q = local / n, singles = all & kOddMask;
+    w.n_tile = local - q * n;
+    // A missing second single: rank 1 runs the first one's expert with no rows.
+    const int single = min(2 * q + static_cast<int>(rank), singles - 1);
+    const int e =
+        last_at_or_below([&](int i) { return s_prefix[i] & kOddMask; }, p.experts, single);
+    const int count = s_offset[e + 1] - s_offset[e];
+    w.expert = e;
+    w.row0 = s_offset[e] + (count - 1) / kTileM * kTileM;  // its last m-tile
+    if (single != 2 * q + static_cast<int>(rank)) w.row0 = s_offset[e + 1];
+  }
+  w.rows = max(0, min(kTileM, s_offset[w.expert + 1] - w.row0));
   return w;
 }
 
@@ -199,6 +251,7 @@ __device__ __forceinline__ WorkTile decode_pair_routed(const Params& p, int tile
 template <auto kKernel, int kCtas, class Params>
 cudaError_t launch_clusters(const Params& p, int threads, size_t smem, int num_sms,
                             cudaStream_t stream) {
+  if (p.experts > kOddMask) return cudaErrorInvalidValue;  // the packed prefix (pair_prefix)
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kCtas;

@@ -97,22 +97,27 @@ struct Fp8GemmParams {
 template <TileShape kShape>
 constexpr Mode kScheduleOf = kShape == TileShape::kExpertK ? Mode::kRoutedK : Mode::kRoutedBN;
 
-// The tiles of a launch: with pairs (kCluster 2), pair tiles, each two m-tiles of one
-// (expert, n-tile); routed-M's s_prefix then holds the pair prefix (cluster.cuh: pair_prefix).
+// The tiles of a launch: with pairs (kCluster 2), pair tiles (cluster.cuh: routed-M's schedule;
+// s_prefix then holds the packed pair prefix). Expert-K pairs are m-tiles 2j, 2j + 1 of one
+// (expert, n-tile): their K is the expert's, so singles cannot pair across experts.
 template <TileShape kShape>
 __device__ __forceinline__ int fp8_total_tiles(const Fp8GemmParams& p, const int* s_prefix) {
-  if constexpr (kCluster == 1 || kShape == TileShape::kRoutedM)
+  if constexpr (kCluster == 1)
     return total_tiles<kScheduleOf<kShape>>(p, s_prefix);
+  else if constexpr (kShape == TileShape::kRoutedM)
+    return pair_total_tiles(p, s_prefix);
   else
     return p.experts * ((p.m_tiles + 1) / 2) * p.n_tiles;
 }
 
-// Tile `tile` of this CTA (cluster rank `rank`). A pair's m-tiles are 2j + rank, j the pair's
-// m index; the second of an odd count has rows == 0 (cluster.cuh: it runs no math, no epilogue).
+// Tile `tile` of this CTA (cluster rank `rank`); `shared`: the pair's CTAs share B (each loads
+// half of it into both). A CTA with rows == 0 (an expert-K pair's missing m-tile, the last single
+// pair's missing single) runs no math and no epilogue.
 template <TileShape kShape>
 __device__ __forceinline__ WorkTile fp8_decode_tile(const Fp8GemmParams& p, int tile,
                                                     const int* s_prefix, const int* s_offset,
-                                                    uint32_t rank) {
+                                                    uint32_t rank, bool& shared) {
+  shared = kCluster > 1;
   if constexpr (kCluster == 1) {
     return decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
   } else if constexpr (kShape == TileShape::kExpertK) {
@@ -127,7 +132,7 @@ __device__ __forceinline__ WorkTile fp8_decode_tile(const Fp8GemmParams& p, int 
     w.k_len = s_offset[w.expert + 1] - w.k_off;
     return w;
   } else {
-    return decode_pair_routed(p, tile, s_prefix, s_offset, rank);
+    return decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared);
   }
 }
 
@@ -230,7 +235,8 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     else
       tile = pair_producer_tile(s.tiles, walk, p.epi.tile_counter, total, t, rank);
     if (tile < 0 || tile >= total) break;
-    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank);
+    bool shared;
+    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank, shared);
     producer_sync();                       // the previous tile's rows are no longer read
     const uint8_t* a_scale_row = nullptr;  // row t's scales (nullptr: no row, zero fill)
     {
@@ -274,7 +280,7 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
         cp_async_16(stage_a + 2048 * i, a_src[i] ? a_src[i] + k : p.a, a_src[i] != nullptr);
       if (t == 0) {
         mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);  // all of B, whoever loads it
-        if constexpr (kCluster == 1) {
+        if (kCluster == 1 || !shared) {
 #pragma unroll
           for (int j = 0; j < 4; ++j)
             tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
@@ -372,7 +378,8 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     else
       tile = pair_next_tile(s.tiles, walk);
     if (tile < 0 || tile >= total) break;
-    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank);
+    bool shared;
+    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank, shared);
     if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;

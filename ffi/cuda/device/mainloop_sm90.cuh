@@ -148,12 +148,22 @@ __device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_
 // B boxes of one stage (one thread): 4 boxes of 64(n)×64(k) (N-major B) or one of 64(k)×256(n)
 // (K-major B). Out-of-range boxes are zero-filled and still count their full size; gate columns
 // past F read up columns, which the epilogue masks.
+// With pairs (kClusterOf 2) and `shared`, this CTA's half of the tile goes into both CTAs.
 template <Mode kMode, int BN>
 __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkTile& w, int k0,
-                                                uint32_t stage_b, uint64_t* bar, uint32_t rank) {
-  if constexpr (kClusterOf<kMode> == 2) {
-    // This CTA's half of the tile into both CTAs of the pair: N-major boxes 2 rank, 2 rank + 1
-    // of 64 n; K-major one box of 128 n (the tensor map's box with pairs: host/tma.h).
+                                                uint32_t stage_b, uint64_t* bar, uint32_t rank,
+                                                bool shared) {
+  if constexpr (kClusterOf<kMode> == 2 && kMode == Mode::kRoutedBK) {
+    if (!shared) {  // the whole tile in the pair build's half-width boxes (host/tma.h)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        tma_load_3d(stage_b + h * (BN / 2) * 128, &p.tmap_b, bar, k0, w.n_tile * BN + h * (BN / 2),
+                    w.expert);
+      return;
+    }
+  }
+  if (kClusterOf<kMode> == 2 && shared) {
+    // N-major boxes 2 rank, 2 rank + 1 of 64 n; K-major one box of 128 n.
     constexpr uint16_t kBoth = 0b11;
     if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
@@ -284,7 +294,7 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
   using LA = typename Cfg::SmemLayoutA;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
-  const int total = total_tiles<kMode>(p, s_prefix);
+  const int total = kPair ? pair_total_tiles(p, s_prefix) : total_tiles<kMode>(p, s_prefix);
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   if constexpr (kTmaA) {
@@ -304,7 +314,8 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
         tile = rank == 0 ? pair_take_tile(ring, walk, p.tile_counter, total)
                          : pair_receive_tile(ring, walk);
       if (tile < 0 || tile >= total) break;
-      const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank)
+      bool shared = false;
+      const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared)
                                : decode_tile<kMode>(p, tile, s_prefix, s_offset);
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
         if constexpr (kPair)
@@ -325,7 +336,7 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
             tma_load_2d(stage_b + j * 8192, &p.tmap_b, &full[stage], w.n_tile * BN + 64 * j, pos);
         } else {
           tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
-          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage], rank);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage], rank, shared);
         }
         // PipelineState::advance written out: through the struct, nvcc selects other (equivalent)
         // instructions for this single-thread loop, and tools/ptx_compare.py holds this kernel
@@ -352,7 +363,8 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
       else
         tile = pair_producer_tile(ring, walk, p.tile_counter, total, t, rank);
       if (tile < 0 || tile >= total) break;
-      const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank)
+      bool shared = false;
+      const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared)
                                : decode_tile<kMode>(p, tile, s_prefix, s_offset);
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
@@ -379,7 +391,7 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
         }
         if (t == 0) {
           mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);  // all of B
-          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[pipe.stage], rank);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[pipe.stage], rank, shared);
         }
         mbar_arrive_cp_async(&full[pipe.stage]);
         pipe.advance();
@@ -419,7 +431,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
   Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
-  const int total = total_tiles<kMode>(p, s_prefix);
+  const int total = kPair ? pair_total_tiles(p, s_prefix) : total_tiles<kMode>(p, s_prefix);
   // The SwiGLU epilogues keep the tile's last stage as their buffers (epilogue_staged.cuh);
   // routed-M tiles have K > 0, so there is always one.
   constexpr bool kHeld =
@@ -437,7 +449,8 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     else
       tile = pair_next_tile(ring, walk);
     if (tile < 0 || tile >= total) break;
-    const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank)
+    bool shared = false;
+    const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared)
                              : decode_tile<kMode>(p, tile, s_prefix, s_offset);
     if constexpr (kEpi == Epi::kSwiGLUBwd) prefetch_h_to_l2<BN>(p, w, wg - 1, t);
     clear(acc);
