@@ -10,9 +10,9 @@
 //   - A stage is refilled only when the consumers of both CTAs have released it: each consumer
 //     warpgroup arrives on the `empty` barrier of both CTAs (count 2 x 2), since either CTA's
 //     producer writes into both shared memories.
-//   - A pair whose second m-tile does not exist (an expert with an odd count of m-tiles) still
-//     runs both CTAs through the K loop: the idle CTA loads its half of B for its partner and
-//     hands every stage back, with no math and no epilogue (WorkTile::rows == 0).
+//   - A CTA whose tile has no rows (WorkTile::rows == 0: an expert-K pair's missing m-tile, the
+//     last routed-M single pair's missing single; see the pair schedule below) still runs the K
+//     loop, loading its share of B and handing every stage back, with no epilogue.
 //   - Dynamic tile order (TileRing): rank 0's producer takes each pair id from the counter and
 //     writes it into both CTAs' rings; every reader of either ring (the consumer warps of both
 //     CTAs and rank 1's producer) arrives on rank 0's `empty` slot, so rank 0 overwrites a slot
