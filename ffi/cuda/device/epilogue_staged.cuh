@@ -65,10 +65,18 @@ __device__ __forceinline__ void for_each_chunk(int t, F&& f) {
   for (int j = 0; j < 4; ++j) f(row0 + 16 * j, chunk, off0 + 2048 * j);
 }
 
+// The bits of (v0, v1) rounded to a bf16 pair, as st_shared_pair stores them.
+__device__ __forceinline__ uint32_t bf16_pair_bits(float v0, float v1) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 __device__ __forceinline__ void st_shared_pair(uint32_t addr, float v0, float v1) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
                : "memory");
+}
+__device__ __forceinline__ float2 unpack_bf16_pair(uint32_t bits) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
 }
 __device__ __forceinline__ float2 ld_shared_pair(uint32_t addr) {
   uint32_t raw;
@@ -141,12 +149,22 @@ __device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& 
   }
 }
 
+// swiglu_bwd_staged's default: no hook.
+struct NoBlockHook {};
+
 // kSwiGLUBwd (acc = g = dy @ Wd^T over BN columns of F): per pass h's gate and up arrive in
 // buffers 0 and 1 by cp.async, dh_gate and dh_up overwrite them in place (each thread reads and
 // writes only its own fragment's elements), w*a goes to buffer 2; then all three leave as rows.
-template <int BN, class Acc>
+// With a hook, the thread also keeps its dh values of each 128 columns as the bf16 pairs it
+// stored (zeros where it stores none), and after every second pass calls
+// hook(first F column of the 128, gate pairs, up pairs, eb) with the buffers free: pair j holds
+// values 2j, 2j + 1 of the 128 columns in the order of glu_quant_epilogue's a (fp8 namespace).
+template <int BN, class Acc, class BlockHook = NoBlockHook>
 __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
-                                                  int wg, int t, const EpiBuffers& eb) {
+                                                  int wg, int t, const EpiBuffers& eb,
+                                                  BlockHook hook = {}) {
+  constexpr bool kKeep = !std::is_same_v<BlockHook, NoBlockHook>;
+  uint32_t kept_gate[32], kept_up[32];  // kKeep: bf16 pairs of the current 128 columns
   const int F = p.N, row_base = 64 * wg;
   const bf16* h = static_cast<const bf16*>(p.h);
   bf16* dh = static_cast<bf16*>(p.out);
@@ -170,13 +188,21 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
-      if (!rows.ok[rh] || f0 + c >= F) continue;
+      const int j = (i - 64 * (pass >> 1)) >> 1;  // kKeep: the pair's index in its 128 columns
+      if (!rows.ok[rh] || f0 + c >= F) {
+        if constexpr (kKeep) kept_gate[j] = kept_up[j] = 0u;
+        continue;
+      }
       const uint32_t off = fo.at(rh, (i >> 2) & 7);
       const float2 hg = ld_shared_pair(eb.buf[0] + off), hu = ld_shared_pair(eb.buf[1] + off);
       const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg.x, hu.x, rows.weight[rh]);
       const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg.y, hu.y, rows.weight[rh]);
       dw_rows[rh] += acc(i) * d0.a;
       dw_rows[rh] += acc(i + 1) * d1.a;
+      if constexpr (kKeep) {
+        kept_gate[j] = bf16_pair_bits(d0.dgate, d1.dgate);
+        kept_up[j] = bf16_pair_bits(d0.dup, d1.dup);
+      }
       st_shared_pair(eb.buf[0] + off, d0.dgate, d1.dgate);
       st_shared_pair(eb.buf[1] + off, d0.dup, d1.dup);
       st_shared_pair(eb.buf[2] + off, d0.aw, d1.aw);
@@ -191,6 +217,9 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
       copy16(aw_out + at * F + f, eb.buf[2] + off);
     });
     warpgroup_sync(wg);
+    if constexpr (kKeep) {
+      if (pass & 1) hook(f0 - 64, kept_gate, kept_up, eb);
+    }
   }
   store_dw_partials(p, w, rows, dw_rows, t);
 }
@@ -398,5 +427,81 @@ __device__ __forceinline__ void glu_quant_epilogue(const Params& p, const WorkTi
     }
   }
 }
+
+// The FP8 dy·Wd^T's hook of swiglu_bwd_staged: dh quantized along 2F right where it is made, the
+// bits the `quantize dh` pass (quantize_rows over dh in bf16) makes from the stored bf16 values:
+// per 128 F columns of the tile, gate and up each one block of 128 (fp8_block) or four of 32
+// (mxfp8), a row's values in one quad. E4M3 bytes through buffers 0 (gate) and 1 (up), out as
+// 16-byte row chunks of q_out [P, 2F]; scales into q_scale (2F / 32 bytes per row).
+template <Recipe R>
+struct DhQuantHook {
+  static constexpr int kBlocks = R == Recipe::kMx ? 4 : 1;  // scale blocks in 128 columns
+  const WorkTile& w;
+  uint8_t* q_out;
+  uint8_t* q_scale;
+  int F, wg, t;
+  // One half (gate or up) of the 128 columns: its scales into bs, its E4M3 pairs into `buf`.
+  __device__ __forceinline__ void quantize(const uint32_t (&kept)[32], uint32_t buf,
+                                           BlockScale (&bs)[2][kBlocks]) const {
+    float m[2][kBlocks];
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) m[rh][b] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const float2 v = unpack_bf16_pair(kept[j]);
+      float& mj = m[j & 1][kBlocks == 4 ? (j >> 3) : 0];
+      mj = amax_combine(amax_combine(mj, v.x), v.y);
+    }
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) bs[rh][b] = block_scale<R>(quad_amax(m[rh][b]));
+    quantize_pairs<R, 32>(
+        [&](int j) { return unpack_bf16_pair(kept[j]); },
+        [&](int j) -> const BlockScale& { return bs[j & 1][kBlocks == 4 ? (j >> 3) : 0]; },
+        [&](int j, uint16_t q) {
+          const int i = 2 * j;  // as glu_quant_epilogue's byte columns
+          st_shared_u16(buf + FragOffsets(t, 1).at((i >> 1) & 1, (i >> 3) & 7) + 8 * ((i >> 2) & 1),
+                        q);
+        });
+  }
+  __device__ __forceinline__ void operator()(int f_block, const uint32_t (&gate)[32],
+                                             const uint32_t (&up)[32], const EpiBuffers& eb) const {
+    if (f_block >= F) return;      // F % 128 == 0: a block is wholly in or out (warpgroup-uniform)
+    BlockScale bs[2][2][kBlocks];  // [gate | up][row half][block]
+    quantize(gate, eb.buf[0], bs[0]);
+    quantize(up, eb.buf[1], bs[1]);
+    warpgroup_sync(wg);
+    const int row_base = 64 * wg;
+    for_each_chunk(t, [&](int r, int chunk, uint32_t off) {  // 16 E4M3 columns a chunk
+      const int row = row_base + r;
+      if (row >= w.rows) return;
+      uint8_t* q_row = q_out + static_cast<int64_t>(w.row0 + row) * 2 * F + f_block + 16 * chunk;
+      copy16(q_row, eb.buf[0] + off);
+      copy16(q_row + F, eb.buf[1] + off);
+    });
+    if ((t & 3) == 0) {
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const int r = row_base + frag_row(2 * rh, t);
+        if (r >= w.rows) continue;
+        uint8_t* row_scales = q_scale + static_cast<int64_t>(w.row0 + r) * (2 * F / 32);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const int col = g * F + f_block;
+          if constexpr (R == Recipe::kMx) {
+#pragma unroll
+            for (int b = 0; b < kBlocks; ++b) row_scales[col / 32 + b] = bs[g][rh][b].stored;
+          } else {
+            reinterpret_cast<uint32_t*>(row_scales)[col / 128] = bs[g][rh][0].stored;
+          }
+        }
+      }
+    }
+    warpgroup_sync(wg);  // the buffers are free for the next pass's h
+  }
+};
 
 }  // namespace mok::cuda::fp8

@@ -57,6 +57,14 @@ enum class TileShape { kRoutedM, kExpertK };
 #endif
 constexpr int kCluster = JAX_MOK_FP8_CLUSTER;
 static_assert(kCluster == 1 || kCluster == 2, "JAX_MOK_FP8_CLUSTER: 1 or 2");
+
+// dy·Wd^T (kSwiGLUBwd, bf16) quantizes dh along 2F in its epilogue (epilogue_staged.cuh:
+// DhQuantHook) instead of the `quantize dh` pass after it (phases/fp8_backward.cu): a build
+// choice (CMake JAX_MOK_FP8_FUSE_DH) until a GPU run shows the same bits and the time.
+#ifndef JAX_MOK_FP8_FUSE_DH
+#define JAX_MOK_FP8_FUSE_DH 0
+#endif
+constexpr bool kFuseDhQuant = JAX_MOK_FP8_FUSE_DH != 0;
 // kGluQuant: SwiGLU of the gate/up tile, quantized to FP8 (+ h saved when epi.out2 is set).
 // Otherwise one of the BF16 path's epilogues (epilogue.cuh).
 enum class Epi8 { kGluQuant, kWeighted, kSwiGLUBwd, kStoreRows, kStoreGLU, kStoreCast };
@@ -458,6 +466,9 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
           held_buffers(smem_u32(s.a[held]), smem_u32(s.b[0][held]), smem_u32(s.b[1][held]), wg);
       if constexpr (kEpi == Epi8::kGluQuant)
         glu_quant_epilogue<R, T, true>(p, w, acc, wg, t, eb);
+      else if constexpr (kEpi == Epi8::kSwiGLUBwd && kFuseDhQuant)
+        swiglu_bwd_staged<kBN>(p.epi, w, value, wg, t, eb,
+                               DhQuantHook<R>{w, p.q_out, p.q_scale, p.N, wg, t});
       else if constexpr (kEpi == Epi8::kSwiGLUBwd)
         swiglu_bwd_staged<kBN>(p.epi, w, value, wg, t, eb);
       else
