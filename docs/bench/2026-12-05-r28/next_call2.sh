@@ -1,6 +1,7 @@
 #!/bin/bash
 # The next session's second call (warm machine, ~7 min), whatever call 1 showed short of a hang
-# or a bitwise difference: the whole single-GPU suite on the pair build, then per phase on S4,
+# or a bitwise difference: the whole single-GPU suite on the pair build (FP8 tests on ext-dhq:
+# next_call3.sh if the budget allows), then per phase on S4,
 # whose experts have one m-tile each (112 rows per expert): every tile is a single, paired with
 # another expert's, each CTA loading its own B and the two held in step stage by stage: the
 # cost of pairs where they share nothing. S3 and S6 after it if the budget allows
