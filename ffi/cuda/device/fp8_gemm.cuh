@@ -65,6 +65,15 @@ static_assert(kCluster == 1 || kCluster == 2, "JAX_MOK_FP8_CLUSTER: 1 or 2");
 #define JAX_MOK_FP8_FUSE_DH 0
 #endif
 constexpr bool kFuseDhQuant = JAX_MOK_FP8_FUSE_DH != 0;
+
+// The routed-M row outputs (down GEMM, dh·Wgu^T; bf16) leave the staging area as TMA boxes
+// (store_rows_staged's kBoxes, as the BF16 kernel's: one thread issues a pass's box and the
+// warpgroup goes on) instead of 16-byte copies by every thread: a build choice (CMake
+// JAX_MOK_FP8_TMA_STORES) until a GPU A/B decides it. The host encodes epi.tmap_out.
+#ifndef JAX_MOK_FP8_TMA_STORES
+#define JAX_MOK_FP8_TMA_STORES 0
+#endif
+constexpr bool kFp8TmaStores = JAX_MOK_FP8_TMA_STORES != 0;
 // kGluQuant: SwiGLU of the gate/up tile, quantized to FP8 (+ h saved when epi.out2 is set).
 // Otherwise one of the BF16 path's epilogues (epilogue.cuh).
 enum class Epi8 { kGluQuant, kWeighted, kSwiGLUBwd, kStoreRows, kStoreGLU, kStoreCast };
@@ -196,7 +205,8 @@ struct alignas(1024) Fp8Smem {
   uint64_t full[kStages], empty[kStages];
   TileRing tiles;     // kRoutedM with epi.tile_counter: the dynamic tile order (mainloop_sm90.cuh)
   int64_t rows[kBM];  // source row of each tile row (-1: none)
-  alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop_sm90.cuh)
+  // staged row stores (mainloop_sm90.cuh); TMA boxes need the 128B swizzle's period
+  alignas(kFp8TmaStores ? 1024 : 128) char out_stage[kOutStageBytes];
 };
 // The `full` barrier's arrivals per stage: each producer thread's cp.async arrival, the TMA
 // thread's expect_tx arrival, and (mxfp8) each producer thread's scale stores.
@@ -220,6 +230,11 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
 // so that a stage adds k to each and issues. (Recomputing them per stage from the row table,
 // with 64-bit multiplies and the parameters reloaded from the constant bank, made the producer
 // the pipeline's bottleneck: the consumers waited on `full` a third of the time.)
+// kFp8TmaStores: the routed-M row outputs by TMA boxes (the weight gradients keep thread copies:
+// their output map would be [E][M][N]).
+template <Epi kEpi>
+constexpr bool kTmaRowStores = kFp8TmaStores && (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows);
+
 template <Recipe R, TileShape kShape, bool kBPerRow>
 __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int t, uint32_t rank) {
@@ -493,13 +508,16 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
                                       kBf16Epi == Epi::kStoreCast);
       if constexpr (kCanStage) {
         if (p.staged_out) {
-          store_rows_staged<kBf16Epi, kBN, false>(
+          store_rows_staged<kBf16Epi, kBN, kTmaRowStores<kBf16Epi>>(
               p.epi, w, value, wg, t, smem_u32(s.out_stage) + wg * (kOutStageBytes / 2));
           continue;
         }
       }
       run_epilogue<T, kBf16Epi, kBN>(p.epi, w, value, wg, t);
     }
+  }
+  if constexpr (kFp8TmaStores && kShape == TileShape::kRoutedM && std::is_same_v<T, bf16>) {
+    if (p.staged_out && t == 0) bulk_wait<0, false>();  // the last boxes left before the CTA ends
   }
 }
 

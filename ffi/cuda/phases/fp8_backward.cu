@@ -102,6 +102,7 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
         SetOperandB(g3, op.w_gate_up_bwd, H, 2 * F, E, !kPerRow, "w_gate_up (backward)"));
     g3.epi.out = b.dx_part, g3.epi.ldo = H;
     g3.staged_out = std::is_same_v<T, bf16>;
+    MOK_RETURN_IF_ERROR(SetRowOutputMap(g3, P, "fp8 dh Wgu^T GEMM"));
     MOK_RETURN_IF_ERROR(
         Stage("fp8 dh Wgu^T GEMM",
               launch_fp8_gemm<R, kM, kPerRow, Epi8::kStoreRows, T>(g3, dev.sms, stream), stream));
