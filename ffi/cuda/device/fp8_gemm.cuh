@@ -74,9 +74,26 @@ constexpr bool kFuseDhQuant = JAX_MOK_FP8_FUSE_DH != 0;
 #define JAX_MOK_FP8_TMA_STORES 0
 #endif
 constexpr bool kFp8TmaStores = JAX_MOK_FP8_TMA_STORES != 0;
+
+// fp8_block dy·Wd^T (bf16): a fourth warpgroup runs the SwiGLU backward epilogue from g handed
+// over in shared memory (bf16), so that the consumers go on with the next tile's mainloop while
+// it runs (fp8_epilogue_warpgroup below): a build choice (CMake JAX_MOK_FP8_EPI_WG) until a GPU
+// run decides it. g is rounded to bf16 before the SwiGLU backward, so the bits differ from the
+// default kernels' (within the oracle tests' bounds, as the GEMM-then-elementwise stacks round).
+#ifndef JAX_MOK_FP8_EPI_WG
+#define JAX_MOK_FP8_EPI_WG 0
+#endif
 // kGluQuant: SwiGLU of the gate/up tile, quantized to FP8 (+ h saved when epi.out2 is set).
 // Otherwise one of the BF16 path's epilogues (epilogue.cuh).
 enum class Epi8 { kGluQuant, kWeighted, kSwiGLUBwd, kStoreRows, kStoreGLU, kStoreCast };
+
+// Whether a kernel has the epilogue warpgroup (JAX_MOK_FP8_EPI_WG), and its threads.
+template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
+constexpr bool kEpiWarpgroup =
+    JAX_MOK_FP8_EPI_WG != 0 && R == Recipe::kBlock && kShape == TileShape::kRoutedM &&
+    kEpi == Epi8::kSwiGLUBwd && std::is_same_v<T, bf16>;
+template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
+constexpr int kThreadsOf = kEpiWarpgroup<R, kShape, kEpi, T> ? 512 : kThreads;
 
 struct Fp8GemmParams {
   // schedule (device arrays)
@@ -192,9 +209,9 @@ constexpr int kGroupSteps = kSteps / kScaleSteps<R>;
 template <Recipe R>
 constexpr int kStagesOf = R == Recipe::kMx ? 3 : 4;
 
-template <Recipe R>
+template <Recipe R, int kRing = kStagesOf<R>, int kOutBytes = kOutStageBytes>
 struct alignas(1024) Fp8Smem {
-  static constexpr int kStages = kStagesOf<R>;
+  static constexpr int kStages = kRing;
   uint8_t a[kStages][kBM * kBK];        // (128, 128) per stage, 128B-swizzled rows
   uint8_t b[2][kStages][kHalfN * kBK];  // per half (128, 128) per stage: two TMA boxes
   // Scales as float32 bits: fp8_block's words as they are stored (cp.async); mxfp8's converted
@@ -206,16 +223,31 @@ struct alignas(1024) Fp8Smem {
   TileRing tiles;     // kRoutedM with epi.tile_counter: the dynamic tile order (mainloop_sm90.cuh)
   int64_t rows[kBM];  // source row of each tile row (-1: none)
   // staged row stores (mainloop_sm90.cuh); TMA boxes need the 128B swizzle's period
-  alignas(kFp8TmaStores ? 1024 : 128) char out_stage[kOutStageBytes];
+  alignas(kFp8TmaStores ? 1024 : 128) char out_stage[kOutBytes];
 };
+// With the epilogue warpgroup: one stage fewer, no row staging (dy·Wd^T has none), and the
+// tile's g (bf16 [128][256], 512-byte rows, 16-byte chunks XOR-swizzled by row & 7) with its
+// handshake and its tile.
+template <Recipe R>
+struct alignas(1024) Fp8SmemEpi : Fp8Smem<R, kStagesOf<R> - 1, 128> {
+  alignas(1024) uint16_t g[kBM * kBN];
+  uint64_t g_full, g_empty;  // g holds a tile (256 consumer threads) / was read (128 epilogue)
+  int g_tile[4];             // row0, rows (-1: no more tiles), n_tile, expert
+};
+template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
+using Fp8SmemOf = std::conditional_t<kEpiWarpgroup<R, kShape, kEpi, T>, Fp8SmemEpi<R>, Fp8Smem<R>>;
+// Byte offset of g[row][col] (an even col: a bf16 pair stays in one 16-byte chunk).
+__device__ __forceinline__ uint32_t g_offset(int row, int col) {
+  return row * 512 + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 16 + (col & 7) * 2;
+}
 // The `full` barrier's arrivals per stage: each producer thread's cp.async arrival, the TMA
 // thread's expect_tx arrival, and (mxfp8) each producer thread's scale stores.
 template <Recipe R>
 constexpr int kFullArrivals = 128 + 1 + (R == Recipe::kMx ? 128 : 0);
 // The expert tables follow the struct: mtile_prefix / k_offset [E+1], expert_offset / k_offset.
-template <Recipe R>
+template <Recipe R, class Smem = Fp8Smem<R>>
 constexpr size_t fp8_smem_bytes(int64_t experts) {
-  return 1024 + sizeof(Fp8Smem<R>) + 2 * sizeof(int) * static_cast<size_t>(experts + 1);
+  return 1024 + sizeof(Smem) + 2 * sizeof(int) * static_cast<size_t>(experts + 1);
 }
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
@@ -235,10 +267,10 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
 template <Epi kEpi>
 constexpr bool kTmaRowStores = kFp8TmaStores && (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows);
 
-template <Recipe R, TileShape kShape, bool kBPerRow>
-__device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
+template <Recipe R, TileShape kShape, bool kBPerRow, class Smem>
+__device__ void fp8_producer(const Fp8GemmParams& p, Smem& s, const int* s_prefix,
                              const int* s_offset, int t, uint32_t rank) {
-  constexpr int kStages = Fp8Smem<R>::kStages;
+  constexpr int kStages = Smem::kStages;
   constexpr int kBScaleRows = kBPerRow ? 2 : 1;  // B scale words this thread copies per stage
   const int total = fp8_total_tiles<kShape>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
@@ -357,12 +389,13 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   }
 }
 
-template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
-__device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
+template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T, class Smem>
+__device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefix,
                              const int* s_offset, int wg, int t, uint32_t rank) {
+  constexpr bool kEpiWG = kEpiWarpgroup<R, kShape, kEpi, T>;
   using namespace cute;
   using Elem = cute::float_e4m3_t;
-  constexpr int kStages = Fp8Smem<R>::kStages;
+  constexpr int kStages = Smem::kStages;
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                              Shape<Int<kBM>, Int<kBK>, Int<kStages>>{}));
   using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -387,9 +420,10 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   // The SwiGLU epilogues in bf16 keep the tile's last stage as their buffers
   // (epilogue_staged.cuh); routed-M tiles have K > 0, so there is always one.
   constexpr bool kHeld =
-      kShape == TileShape::kRoutedM && std::is_same_v<T, bf16> &&
+      kShape == TileShape::kRoutedM && std::is_same_v<T, bf16> && !kEpiWG &&
       (kEpi == Epi8::kGluQuant || kEpi == Epi8::kSwiGLUBwd || kEpi == Epi8::kStoreGLU);
   int stage = 0, phase = 0, held = 0;
+  int g_phase = 0;  // kEpiWG: the handover's parity
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
@@ -403,7 +437,8 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     if (tile < 0 || tile >= total) break;
     bool shared;
     const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank, shared);
-    if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
+    if constexpr ((kHeld || kEpiWG) && kEpi == Epi8::kSwiGLUBwd)
+      prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     // A routed-M warpgroup none of whose 64 rows is in the tile (an expert with at most 64
@@ -474,6 +509,26 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
         continue;
       }
     }
+    if constexpr (kEpiWG) {
+      // g to the epilogue warpgroup once it has read the previous tile's, as bf16 pairs.
+      mbar_wait(&s.g_empty, g_phase ^ 1);
+      const uint32_t g_base = smem_u32(s.g);
+#pragma unroll
+      for (int i = 0; i < 128; i += 2) {
+        const int j = i & 63, row = 64 * wg + frag_row(j, t);
+        const int col = (i >> 6) * kHalfN + frag_col(j, t);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(g_base + g_offset(row, col)),
+                     "r"(bf16_pair_bits(acc[i], acc[i + 1]))
+                     : "memory");
+      }
+      if (wg == 0 && t == 0) {
+        s.g_tile[0] = w.row0, s.g_tile[1] = w.rows, s.g_tile[2] = w.n_tile;
+        s.g_tile[3] = w.expert;
+      }
+      mbar_arrive(&s.g_full);
+      g_phase ^= 1;
+      continue;
+    }
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kHeld) {
       consumer_sync();  // both warpgroups' wgmmas are done reading the held stage
@@ -519,17 +574,115 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   if constexpr (kFp8TmaStores && kShape == TileShape::kRoutedM && std::is_same_v<T, bf16>) {
     if (p.staged_out && t == 0) bulk_wait<0, false>();  // the last boxes left before the CTA ends
   }
+  if constexpr (kEpiWG) {  // no more tiles: the epilogue warpgroup's end
+    mbar_wait(&s.g_empty, g_phase ^ 1);
+    if (wg == 0 && t == 0) s.g_tile[1] = -1;
+    mbar_arrive(&s.g_full);
+  }
+}
+
+// The epilogue warpgroup (kEpiWarpgroup: fp8_block dy·Wd^T, bf16): per tile g handed over by the
+// consumers, the SwiGLU backward of epilogue.cuh's swiglu_bwd, one warp per tile row (rows warp,
+// warp + 4, ...), lane l the 8 columns 8l..8l+7 of the 256: h gate and up straight from global
+// memory (the consumers pulled the tile's rows into L2 at its start), dh gate / up and w·a out
+// as 16-byte chunks (8 lanes per 128-byte line), the row's d_w partial by a fixed butterfly over
+// the warp (lane 0's sum stored), and with kFuseDhQuant dh quantized along 2F: a 128-column block
+// is 16 lanes' values, its amax by shuffles among them, bits as quantize_rows makes them from
+// the stored bf16 dh.
+template <Recipe R, class Smem>
+__device__ void fp8_epilogue_warpgroup(const Fp8GemmParams& p, Smem& s, int t) {
+  static_assert(R == Recipe::kBlock, "fp8_block only: mxfp8 keeps its 3-stage ring");
+  const int lane = t & 31, warp = t >> 5, F = p.N;
+  const bf16* h = static_cast<const bf16*>(p.epi.h);
+  bf16* dh = static_cast<bf16*>(p.epi.out);
+  bf16* aw_out = static_cast<bf16*>(p.epi.out2);
+  const uint32_t g_base = smem_u32(s.g);
+  for (int phase = 0;; phase ^= 1) {
+    mbar_wait(&s.g_full, phase);
+    const volatile int* tile = s.g_tile;
+    const int row0 = tile[0], rows = tile[1], n_tile = tile[2];
+    if (rows < 0) break;
+    const int f = n_tile * kBN + 8 * lane;
+    const bool col_ok = f < F;              // F % 8 == 0: a lane's 8 columns are wholly in or out
+    for (int r = warp; r < rows; r += 4) {  // warp-uniform: every lane takes part in the shuffles
+      const int64_t pos = row0 + r;
+      const float wt = p.epi.topk_weights[p.epi.sorted_slot[pos]];
+      uint4 graw;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(graw.x), "=r"(graw.y), "=r"(graw.z), "=r"(graw.w)
+                   : "r"(g_base + g_offset(r, 8 * lane))
+                   : "memory");
+      const bf16* h_row = h + pos * 2 * F + f;
+      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+      const uint4 hg = col_ok ? *reinterpret_cast<const uint4*>(h_row) : zero;
+      const uint4 hu = col_ok ? *reinterpret_cast<const uint4*>(h_row + F) : zero;
+      const uint32_t gw[4] = {graw.x, graw.y, graw.z, graw.w};
+      const uint32_t hgw[4] = {hg.x, hg.y, hg.z, hg.w}, huw[4] = {hu.x, hu.y, hu.z, hu.w};
+      uint32_t dgate[4], dup[4], aw[4];
+      float dw = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 g = unpack_bf16_pair(gw[k]);
+        const float2 hgk = unpack_bf16_pair(hgw[k]), huk = unpack_bf16_pair(huw[k]);
+        const SwiGLUGrad d0 = swiglu_bwd(g.x, hgk.x, huk.x, wt);
+        const SwiGLUGrad d1 = swiglu_bwd(g.y, hgk.y, huk.y, wt);
+        dw += g.x * d0.a;
+        dw += g.y * d1.a;
+        dgate[k] = bf16_pair_bits(d0.dgate, d1.dgate);
+        dup[k] = bf16_pair_bits(d0.dup, d1.dup);
+        aw[k] = bf16_pair_bits(d0.aw, d1.aw);
+      }
+      if (col_ok) {
+        bf16* dh_row = dh + pos * 2 * F + f;
+        *reinterpret_cast<uint4*>(dh_row) = make_uint4(dgate[0], dgate[1], dgate[2], dgate[3]);
+        *reinterpret_cast<uint4*>(dh_row + F) = make_uint4(dup[0], dup[1], dup[2], dup[3]);
+        *reinterpret_cast<uint4*>(aw_out + pos * F + f) = make_uint4(aw[0], aw[1], aw[2], aw[3]);
+      }
+      if constexpr (kFuseDhQuant) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {  // gate, up: columns f and F + f of dh
+          const uint32_t(&v)[4] = g == 0 ? dgate : dup;
+          float m = 0.f;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 x = unpack_bf16_pair(v[k]);
+            m = amax_combine(amax_combine(m, x.x), x.y);
+          }
+#pragma unroll
+          for (int d = 1; d < 16; d <<= 1)  // the 16 lanes of the 128-column block
+            m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
+          const BlockScale bs = block_scale<R>(m);
+          uint32_t q[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) q[k] = quantize_pair<R>(unpack_bf16_pair(v[k]), bs);
+          if (col_ok) {
+            const int col = g * F + f;
+            *reinterpret_cast<uint2*>(p.q_out + pos * 2 * F + col) =
+                make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+            if ((lane & 15) == 0)
+              reinterpret_cast<uint32_t*>(p.q_scale + pos * (2 * F / 32))[col / 128] = bs.stored;
+          }
+        }
+      }
+#pragma unroll
+      for (int d = 16; d >= 1; d >>= 1) dw += __shfl_xor_sync(0xffffffffu, dw, d);
+      if (lane == 0) p.epi.dw_part[pos * p.n_tiles + n_tile] = dw;
+    }
+    mbar_arrive(&s.g_empty);  // this thread's reads of g are done
+  }
 }
 
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
     fp8_gemm_kernel(const __grid_constant__ Fp8GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Smem = Fp8SmemOf<R, kShape, kEpi, T>;
+  constexpr bool kEpiWG = kEpiWarpgroup<R, kShape, kEpi, T>;
   extern __shared__ char smem_raw[];
   char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  Fp8Smem<R>& s = *reinterpret_cast<Fp8Smem<R>*>(base);
-  int* s_prefix = reinterpret_cast<int*>(base + sizeof(Fp8Smem<R>));  // mtile_prefix / k_offset
-  int* s_offset = s_prefix + p.experts + 1;                           // expert_offset / k_offset
+  Smem& s = *reinterpret_cast<Smem*>(base);
+  int* s_prefix = reinterpret_cast<int*>(base + sizeof(Smem));  // mtile_prefix / k_offset
+  int* s_offset = s_prefix + p.experts + 1;                     // expert_offset / k_offset
   const int* prefix_src = kShape == TileShape::kExpertK ? p.k_offset : p.mtile_prefix;
   const int* offset_src = kShape == TileShape::kExpertK ? p.k_offset : p.expert_offset;
   constexpr bool kPairPrefix = kCluster > 1 && kShape == TileShape::kRoutedM;
@@ -541,9 +694,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     s_offset[i] = offset_src[i];
   }
   if (threadIdx.x == 0) {
-    for (int i = 0; i < Fp8Smem<R>::kStages; ++i) {
+    for (int i = 0; i < Smem::kStages; ++i) {
       mbar_init(&s.full[i], kFullArrivals<R>);
       mbar_init(&s.empty[i], 2 * kCluster);  // one thread per consumer warpgroup (per CTA)
+    }
+    if constexpr (kEpiWG) {
+      mbar_init(&s.g_full, 256);   // every consumer thread
+      mbar_init(&s.g_empty, 128);  // every epilogue thread
     }
     if constexpr (kCluster == 1) {
       init_tile_ring(s.tiles);
@@ -558,7 +715,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster_sync();  // both CTAs' barriers exist before either arrives on the other's
   const uint32_t rank = kCluster == 1 ? 0u : cluster_rank();
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-  if (wg == 0) {
+  if constexpr (kEpiWG) {
+    // 512 threads: 48 + 48 + 2 x 208 registers per thread fill the 64 K of the SM.
+    if (wg == 0) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
+      if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
+      fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
+    } else if (wg == 3) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
+      fp8_epilogue_warpgroup<R>(p, s, t);
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
+      fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t, rank);
+    }
+  } else if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
     fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
@@ -574,7 +744,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t stream) {
-  const size_t smem = fp8_smem_bytes<R>(p.experts);
+  constexpr int kThreads = kThreadsOf<R, kShape, kEpi, T>;
+  const size_t smem = fp8_smem_bytes<R, Fp8SmemOf<R, kShape, kEpi, T>>(p.experts);
   auto* kernel = fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
