@@ -716,13 +716,13 @@ __global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
   const uint32_t rank = kCluster == 1 ? 0u : cluster_rank();
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if constexpr (kEpiWG) {
-    // 512 threads: 48 + 48 + 2 x 208 registers per thread fill the 64 K of the SM.
+    // 512 threads: 40 + 56 + 2 x 208 registers per thread fill the 64 K of the SM.
     if (wg == 0) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
       if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
       fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
     } else if (wg == 3) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 48;\n");
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
       fp8_epilogue_warpgroup<R>(p, s, t);
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
