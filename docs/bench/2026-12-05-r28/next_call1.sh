@@ -4,13 +4,7 @@
 #   carry [".device/ext-m28", ".device/ext-pair", ".device/ext-epi", ".device/ext-ewg", ".whl"]
 #   (~56 MiB of the 64 allowed)
 #   JAX_MOK_GIT_COMMIT=<hash> OUT=$OUT bash docs/bench/2026-12-05-r28/next_call1.sh
-# Build them first on the CPU machine (a fresh checkout has no .device/; ~1.5 min each):
-#   PYTHON=<python3.12 with jax 0.11.2, nanobind, nvidia-cutlass> tools/build_ext.sh m28
-#   PYTHON=... tools/build_ext.sh pair -DJAX_MOK_FP8_CLUSTER=2 -DJAX_MOK_BF16_CLUSTER=2
-#   PYTHON=... tools/build_ext.sh epi -DJAX_MOK_FP8_FUSE_DH=1 -DJAX_MOK_FP8_TMA_STORES=1
-#   ALLOW_SPILLS='fp8_gemm_kernelILNS1_6RecipeE2ELNS1_9TileShapeE0ELb0ELNS1_4Epi8E2E13__nv_bfloat16' \
-#     PYTHON=... tools/build_ext.sh ewg -DJAX_MOK_FP8_EPI_WG=1 -DJAX_MOK_FP8_FUSE_DH=1 \
-#     -DJAX_MOK_FP8_TMA_STORES=1
+# Build them first on the CPU machine (a fresh checkout has no .device/): build_exts.sh here.
 # ext-m28 = main's kernels (the default build). ext-pair = 2-CTA clusters in every FP8 GEMM and
 # the BF16 routed-M GEMMs, the weight tile B multicast (each CTA of a pair loads one half into
 # both). ext-epi = two FP8 epilogue changes: dy·Wd^T quantizes dh along 2F in its epilogue (no

@@ -1,0 +1,18 @@
+#!/bin/bash
+# The four extensions the next calls carry, built on the CPU machine (~6 min on 2 cores):
+#   PYTHON=<python3.12 with jax 0.11.2, nanobind, nvidia-cutlass> \
+#     bash docs/bench/2026-12-05-r28/build_exts.sh
+# A Python for it, where none is at hand (the device machine runs Python 3.12, jax 0.11.2):
+#   python3.12 -m venv /tmp/venv312 && /tmp/venv312/bin/pip install "jax==0.11.2" nanobind \
+#     numpy ninja cmake nvidia-cutlass==4.2.0.0 && PYTHON=/tmp/venv312/bin/python ...
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+: "${PYTHON:?set PYTHON to a python3.12 with jax 0.11.2, nanobind and nvidia-cutlass}"
+export PYTHON
+tools/build_ext.sh m28
+tools/build_ext.sh pair -DJAX_MOK_FP8_CLUSTER=2 -DJAX_MOK_BF16_CLUSTER=2
+tools/build_ext.sh epi -DJAX_MOK_FP8_FUSE_DH=1 -DJAX_MOK_FP8_TMA_STORES=1
+# ewg: its dy·Wd^T kernel spills ~76 bytes per tile (docs/perf-notes.md, twenty-eighth session)
+ALLOW_SPILLS='fp8_gemm_kernelILNS1_6RecipeE2ELNS1_9TileShapeE0ELb0ELNS1_4Epi8E2E13__nv_bfloat16' \
+  tools/build_ext.sh ewg -DJAX_MOK_FP8_EPI_WG=1 -DJAX_MOK_FP8_FUSE_DH=1 -DJAX_MOK_FP8_TMA_STORES=1
+du -sh .device/ext-m28 .device/ext-pair .device/ext-epi .device/ext-ewg
