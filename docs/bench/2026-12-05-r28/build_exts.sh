@@ -15,4 +15,7 @@ tools/build_ext.sh epi -DJAX_MOK_FP8_FUSE_DH=1 -DJAX_MOK_FP8_TMA_STORES=1
 # ewg: its dy·Wd^T kernel spills ~76 bytes per tile (docs/perf-notes.md, twenty-eighth session)
 ALLOW_SPILLS='fp8_gemm_kernelILNS1_6RecipeE2ELNS1_9TileShapeE0ELb0ELNS1_4Epi8E2E13__nv_bfloat16' \
   tools/build_ext.sh ewg -DJAX_MOK_FP8_EPI_WG=1 -DJAX_MOK_FP8_FUSE_DH=1 -DJAX_MOK_FP8_TMA_STORES=1
-du -sh .device/ext-m28 .device/ext-pair .device/ext-epi .device/ext-ewg
+# The wheels the device machine installs offline (tools/gpu_round.sh: .whl/*.whl).
+ls .whl/nvidia_cutlass-*.whl >/dev/null 2>&1 || "$PYTHON" -m pip download -q --no-deps \
+  --python-version 3.12 --only-binary=:all: nvidia-cutlass==4.2.0.0 -d .whl
+du -sh .device/ext-m28 .device/ext-pair .device/ext-epi .device/ext-ewg .whl
