@@ -233,6 +233,7 @@ struct alignas(1024) Fp8SmemEpi : Fp8Smem<R, kStagesOf<R> - 1, 128> {
   alignas(1024) uint16_t g[kBM * kBN];
   uint64_t g_full, g_empty;  // g holds a tile (256 consumer threads) / was read (128 epilogue)
   int g_tile[4];             // row0, rows (-1: no more tiles), n_tile, expert
+  float g_wt[kBM];           // the epilogue warpgroup's copy of the tile rows' routing weights
 };
 template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
 using Fp8SmemOf = std::conditional_t<kEpiWarpgroup<R, kShape, kEpi, T>, Fp8SmemEpi<R>, Fp8Smem<R>>;
@@ -603,21 +604,41 @@ __device__ void fp8_epilogue_warpgroup(const Fp8GemmParams& p, Smem& s, int t) {
     const int row0 = tile[0], rows = tile[1], n_tile = tile[2];
     if (rows < 0) break;
     const int f = n_tile * kBN + 8 * lane;
-    const bool col_ok = f < F;              // F % 8 == 0: a lane's 8 columns are wholly in or out
-    for (int r = warp; r < rows; r += 4) {  // warp-uniform: every lane takes part in the shuffles
+    const bool col_ok = f < F;  // F % 8 == 0: a lane's 8 columns are wholly in or out
+    // The rows' routing weights (two dependent loads each) once per tile, thread t row t; named
+    // barrier 5 (this warpgroup): the previous tile's are read, then these are written.
+    asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    if (t < rows) s.g_wt[t] = p.epi.topk_weights[p.epi.sorted_slot[row0 + t]];
+    asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    // One row in flight ahead of the one computed: its g and h loads (L2 latency) overlap the
+    // current row's math.
+    struct RowIn {
+      uint4 g, hg, hu;
+      float wt;
+    };
+    auto load_row = [&](int r) {
+      RowIn in;
       const int64_t pos = row0 + r;
-      const float wt = p.epi.topk_weights[p.epi.sorted_slot[pos]];
-      uint4 graw;
+      in.wt = s.g_wt[r];
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(graw.x), "=r"(graw.y), "=r"(graw.z), "=r"(graw.w)
+                   : "=r"(in.g.x), "=r"(in.g.y), "=r"(in.g.z), "=r"(in.g.w)
                    : "r"(g_base + g_offset(r, 8 * lane))
                    : "memory");
       const bf16* h_row = h + pos * 2 * F + f;
       const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      const uint4 hg = col_ok ? *reinterpret_cast<const uint4*>(h_row) : zero;
-      const uint4 hu = col_ok ? *reinterpret_cast<const uint4*>(h_row + F) : zero;
-      const uint32_t gw[4] = {graw.x, graw.y, graw.z, graw.w};
-      const uint32_t hgw[4] = {hg.x, hg.y, hg.z, hg.w}, huw[4] = {hu.x, hu.y, hu.z, hu.w};
+      in.hg = col_ok ? *reinterpret_cast<const uint4*>(h_row) : zero;
+      in.hu = col_ok ? *reinterpret_cast<const uint4*>(h_row + F) : zero;
+      return in;
+    };
+    RowIn next = warp < rows ? load_row(warp) : RowIn{};
+    for (int r = warp; r < rows; r += 4) {  // warp-uniform: every lane takes part in the shuffles
+      const RowIn in = next;
+      if (r + 4 < rows) next = load_row(r + 4);
+      const int64_t pos = row0 + r;
+      const float wt = in.wt;
+      const uint32_t gw[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
+      const uint32_t hgw[4] = {in.hg.x, in.hg.y, in.hg.z, in.hg.w};
+      const uint32_t huw[4] = {in.hu.x, in.hu.y, in.hu.z, in.hu.w};
       uint32_t dgate[4], dup[4], aw[4];
       float dw = 0.f;
 #pragma unroll
