@@ -504,4 +504,135 @@ struct DhQuantHook {
   }
 };
 
+// A dy·Wd^T tile's g handed from the consumer warpgroups to an epilogue warpgroup through shared
+// memory (swiglu_bwd_warpgroup): g as bf16 [128][kHandoverCols], 512-byte rows whose 16-byte
+// chunks are XOR-swizzled by row & 7 (g_offset), so that both the consumers' fragment stores and
+// the epilogue warps' row reads are free of bank conflicts; `full` (256 consumer arrivals) and
+// `empty` (128 epilogue arrivals) mbarriers; the tile as row0, rows (-1: no more tiles), n_tile.
+constexpr int kHandoverCols = 256;
+struct GHandover {
+  uint32_t g;
+  uint64_t* full;
+  uint64_t* empty;
+  int* tile;
+  float* wt;  // [128]: the epilogue warpgroup's copy of the rows' routing weights
+};
+// Byte offset of g[row][col] (an even col: a bf16 pair stays in one 16-byte chunk).
+__device__ __forceinline__ uint32_t g_offset(int row, int col) {
+  return row * 512 + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 16 + (col & 7) * 2;
+}
+
+// The epilogue warpgroup of a dy·Wd^T GEMM (BF16 or FP8 kernel, bf16 x): per tile g handed over by
+// the consumers, the SwiGLU backward of epilogue.cuh's swiglu_bwd, one warp per tile row (rows
+// warp, warp + 4, ...), lane l the 8 columns 8l..8l+7 of the 256: h gate and up straight from
+// global memory (the consumers pulled the tile's rows into L2 at its start), dh gate / up and w·a
+// out as 16-byte chunks (8 lanes per 128-byte line), the row's d_w partial by a fixed butterfly
+// over the warp (lane 0's sum stored), and with kQuant (the FP8 kernel's fp8_block) dh quantized
+// along 2F into q_out / q_scale: a 128-column block is 16 lanes' values, its amax by shuffles among
+// them, bits as quantize_rows makes them from the stored bf16 dh.
+template <bool kQuant>
+__device__ void swiglu_bwd_warpgroup(const GemmParams& e, uint8_t* q_out, uint8_t* q_scale,
+                                     const GHandover& hv, int t) {
+  constexpr Recipe R = Recipe::kBlock;
+  constexpr int kCols = kHandoverCols;
+  const int lane = t & 31, warp = t >> 5, F = e.N;
+  const bf16* h = static_cast<const bf16*>(e.h);
+  bf16* dh = static_cast<bf16*>(e.out);
+  bf16* aw_out = static_cast<bf16*>(e.out2);
+  const uint32_t g_base = hv.g;
+  for (int phase = 0;; phase ^= 1) {
+    mbar_wait(hv.full, phase);
+    const volatile int* tile = hv.tile;
+    const int row0 = tile[0], rows = tile[1], n_tile = tile[2];
+    if (rows < 0) break;
+    const int f = n_tile * kCols + 8 * lane;
+    const bool col_ok = f < F;  // F % 8 == 0: a lane's 8 columns are wholly in or out
+    // The rows' routing weights (two dependent loads each) once per tile, thread t row t; named
+    // barrier 5 (this warpgroup): the previous tile's are read, then these are written.
+    asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    if (t < rows) hv.wt[t] = e.topk_weights[e.sorted_slot[row0 + t]];
+    asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    // One row in flight ahead of the one computed: its g and h loads (L2 latency) overlap the
+    // current row's math.
+    struct RowIn {
+      uint4 g, hg, hu;
+      float wt;
+    };
+    auto load_row = [&](int r) {
+      RowIn in;
+      const int64_t pos = row0 + r;
+      in.wt = hv.wt[r];
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(in.g.x), "=r"(in.g.y), "=r"(in.g.z), "=r"(in.g.w)
+                   : "r"(g_base + g_offset(r, 8 * lane))
+                   : "memory");
+      const bf16* h_row = h + pos * 2 * F + f;
+      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+      in.hg = col_ok ? *reinterpret_cast<const uint4*>(h_row) : zero;
+      in.hu = col_ok ? *reinterpret_cast<const uint4*>(h_row + F) : zero;
+      return in;
+    };
+    RowIn next = warp < rows ? load_row(warp) : RowIn{};
+    for (int r = warp; r < rows; r += 4) {  // warp-uniform: every lane takes part in the shuffles
+      const RowIn in = next;
+      if (r + 4 < rows) next = load_row(r + 4);
+      const int64_t pos = row0 + r;
+      const float wt = in.wt;
+      const uint32_t gw[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
+      const uint32_t hgw[4] = {in.hg.x, in.hg.y, in.hg.z, in.hg.w};
+      const uint32_t huw[4] = {in.hu.x, in.hu.y, in.hu.z, in.hu.w};
+      uint32_t dgate[4], dup[4], aw[4];
+      float dw = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 g = unpack_bf16_pair(gw[k]);
+        const float2 hgk = unpack_bf16_pair(hgw[k]), huk = unpack_bf16_pair(huw[k]);
+        const SwiGLUGrad d0 = swiglu_bwd(g.x, hgk.x, huk.x, wt);
+        const SwiGLUGrad d1 = swiglu_bwd(g.y, hgk.y, huk.y, wt);
+        dw += g.x * d0.a;
+        dw += g.y * d1.a;
+        dgate[k] = bf16_pair_bits(d0.dgate, d1.dgate);
+        dup[k] = bf16_pair_bits(d0.dup, d1.dup);
+        aw[k] = bf16_pair_bits(d0.aw, d1.aw);
+      }
+      if (col_ok) {
+        bf16* dh_row = dh + pos * 2 * F + f;
+        *reinterpret_cast<uint4*>(dh_row) = make_uint4(dgate[0], dgate[1], dgate[2], dgate[3]);
+        *reinterpret_cast<uint4*>(dh_row + F) = make_uint4(dup[0], dup[1], dup[2], dup[3]);
+        *reinterpret_cast<uint4*>(aw_out + pos * F + f) = make_uint4(aw[0], aw[1], aw[2], aw[3]);
+      }
+      if constexpr (kQuant) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {  // gate, up: columns f and F + f of dh
+          const uint32_t(&v)[4] = g == 0 ? dgate : dup;
+          float m = 0.f;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 x = unpack_bf16_pair(v[k]);
+            m = amax_combine(amax_combine(m, x.x), x.y);
+          }
+#pragma unroll
+          for (int d = 1; d < 16; d <<= 1)  // the 16 lanes of the 128-column block
+            m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
+          const BlockScale bs = block_scale<R>(m);
+          uint32_t q[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) q[k] = quantize_pair<R>(unpack_bf16_pair(v[k]), bs);
+          if (col_ok) {
+            const int col = g * F + f;
+            *reinterpret_cast<uint2*>(q_out + pos * 2 * F + col) =
+                make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
+            if ((lane & 15) == 0)
+              reinterpret_cast<uint32_t*>(q_scale + pos * (2 * F / 32))[col / 128] = bs.stored;
+          }
+        }
+      }
+#pragma unroll
+      for (int d = 16; d >= 1; d >>= 1) dw += __shfl_xor_sync(0xffffffffu, dw, d);
+      if (lane == 0) e.dw_part[pos * e.n_tiles + n_tile] = dw;
+    }
+    mbar_arrive(hv.empty);  // this thread's reads of g are done
+  }
+}
+
 }  // namespace mok::cuda::fp8

@@ -237,10 +237,6 @@ struct alignas(1024) Fp8SmemEpi : Fp8Smem<R, kStagesOf<R> - 1, 128> {
 };
 template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
 using Fp8SmemOf = std::conditional_t<kEpiWarpgroup<R, kShape, kEpi, T>, Fp8SmemEpi<R>, Fp8Smem<R>>;
-// Byte offset of g[row][col] (an even col: a bf16 pair stays in one 16-byte chunk).
-__device__ __forceinline__ uint32_t g_offset(int row, int col) {
-  return row * 512 + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 16 + (col & 7) * 2;
-}
 // The `full` barrier's arrivals per stage: each producer thread's cp.async arrival, the TMA
 // thread's expect_tx arrival, and (mxfp8) each producer thread's scale stores.
 template <Recipe R>
@@ -582,117 +578,6 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
   }
 }
 
-// The epilogue warpgroup (kEpiWarpgroup: fp8_block dy·Wd^T, bf16): per tile g handed over by the
-// consumers, the SwiGLU backward of epilogue.cuh's swiglu_bwd, one warp per tile row (rows warp,
-// warp + 4, ...), lane l the 8 columns 8l..8l+7 of the 256: h gate and up straight from global
-// memory (the consumers pulled the tile's rows into L2 at its start), dh gate / up and w·a out
-// as 16-byte chunks (8 lanes per 128-byte line), the row's d_w partial by a fixed butterfly over
-// the warp (lane 0's sum stored), and with kFuseDhQuant dh quantized along 2F: a 128-column block
-// is 16 lanes' values, its amax by shuffles among them, bits as quantize_rows makes them from
-// the stored bf16 dh.
-template <Recipe R, class Smem>
-__device__ void fp8_epilogue_warpgroup(const Fp8GemmParams& p, Smem& s, int t) {
-  static_assert(R == Recipe::kBlock, "fp8_block only: mxfp8 keeps its 3-stage ring");
-  const int lane = t & 31, warp = t >> 5, F = p.N;
-  const bf16* h = static_cast<const bf16*>(p.epi.h);
-  bf16* dh = static_cast<bf16*>(p.epi.out);
-  bf16* aw_out = static_cast<bf16*>(p.epi.out2);
-  const uint32_t g_base = smem_u32(s.g);
-  for (int phase = 0;; phase ^= 1) {
-    mbar_wait(&s.g_full, phase);
-    const volatile int* tile = s.g_tile;
-    const int row0 = tile[0], rows = tile[1], n_tile = tile[2];
-    if (rows < 0) break;
-    const int f = n_tile * kBN + 8 * lane;
-    const bool col_ok = f < F;  // F % 8 == 0: a lane's 8 columns are wholly in or out
-    // The rows' routing weights (two dependent loads each) once per tile, thread t row t; named
-    // barrier 5 (this warpgroup): the previous tile's are read, then these are written.
-    asm volatile("bar.sync 5, 128;\n" ::: "memory");
-    if (t < rows) s.g_wt[t] = p.epi.topk_weights[p.epi.sorted_slot[row0 + t]];
-    asm volatile("bar.sync 5, 128;\n" ::: "memory");
-    // One row in flight ahead of the one computed: its g and h loads (L2 latency) overlap the
-    // current row's math.
-    struct RowIn {
-      uint4 g, hg, hu;
-      float wt;
-    };
-    auto load_row = [&](int r) {
-      RowIn in;
-      const int64_t pos = row0 + r;
-      in.wt = s.g_wt[r];
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(in.g.x), "=r"(in.g.y), "=r"(in.g.z), "=r"(in.g.w)
-                   : "r"(g_base + g_offset(r, 8 * lane))
-                   : "memory");
-      const bf16* h_row = h + pos * 2 * F + f;
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      in.hg = col_ok ? *reinterpret_cast<const uint4*>(h_row) : zero;
-      in.hu = col_ok ? *reinterpret_cast<const uint4*>(h_row + F) : zero;
-      return in;
-    };
-    RowIn next = warp < rows ? load_row(warp) : RowIn{};
-    for (int r = warp; r < rows; r += 4) {  // warp-uniform: every lane takes part in the shuffles
-      const RowIn in = next;
-      if (r + 4 < rows) next = load_row(r + 4);
-      const int64_t pos = row0 + r;
-      const float wt = in.wt;
-      const uint32_t gw[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
-      const uint32_t hgw[4] = {in.hg.x, in.hg.y, in.hg.z, in.hg.w};
-      const uint32_t huw[4] = {in.hu.x, in.hu.y, in.hu.z, in.hu.w};
-      uint32_t dgate[4], dup[4], aw[4];
-      float dw = 0.f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 g = unpack_bf16_pair(gw[k]);
-        const float2 hgk = unpack_bf16_pair(hgw[k]), huk = unpack_bf16_pair(huw[k]);
-        const SwiGLUGrad d0 = swiglu_bwd(g.x, hgk.x, huk.x, wt);
-        const SwiGLUGrad d1 = swiglu_bwd(g.y, hgk.y, huk.y, wt);
-        dw += g.x * d0.a;
-        dw += g.y * d1.a;
-        dgate[k] = bf16_pair_bits(d0.dgate, d1.dgate);
-        dup[k] = bf16_pair_bits(d0.dup, d1.dup);
-        aw[k] = bf16_pair_bits(d0.aw, d1.aw);
-      }
-      if (col_ok) {
-        bf16* dh_row = dh + pos * 2 * F + f;
-        *reinterpret_cast<uint4*>(dh_row) = make_uint4(dgate[0], dgate[1], dgate[2], dgate[3]);
-        *reinterpret_cast<uint4*>(dh_row + F) = make_uint4(dup[0], dup[1], dup[2], dup[3]);
-        *reinterpret_cast<uint4*>(aw_out + pos * F + f) = make_uint4(aw[0], aw[1], aw[2], aw[3]);
-      }
-      if constexpr (kFuseDhQuant) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {  // gate, up: columns f and F + f of dh
-          const uint32_t(&v)[4] = g == 0 ? dgate : dup;
-          float m = 0.f;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 x = unpack_bf16_pair(v[k]);
-            m = amax_combine(amax_combine(m, x.x), x.y);
-          }
-#pragma unroll
-          for (int d = 1; d < 16; d <<= 1)  // the 16 lanes of the 128-column block
-            m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
-          const BlockScale bs = block_scale<R>(m);
-          uint32_t q[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) q[k] = quantize_pair<R>(unpack_bf16_pair(v[k]), bs);
-          if (col_ok) {
-            const int col = g * F + f;
-            *reinterpret_cast<uint2*>(p.q_out + pos * 2 * F + col) =
-                make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
-            if ((lane & 15) == 0)
-              reinterpret_cast<uint32_t*>(p.q_scale + pos * (2 * F / 32))[col / 128] = bs.stored;
-          }
-        }
-      }
-#pragma unroll
-      for (int d = 16; d >= 1; d >>= 1) dw += __shfl_xor_sync(0xffffffffu, dw, d);
-      if (lane == 0) p.epi.dw_part[pos * p.n_tiles + n_tile] = dw;
-    }
-    mbar_arrive(&s.g_empty);  // this thread's reads of g are done
-  }
-}
-
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 __global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
     fp8_gemm_kernel(const __grid_constant__ Fp8GemmParams p) {
@@ -744,7 +629,9 @@ __global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
       fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
     } else if (wg == 3) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-      fp8_epilogue_warpgroup<R>(p, s, t);
+      swiglu_bwd_warpgroup<kFuseDhQuant>(
+          p.epi, p.q_out, p.q_scale,
+          GHandover{smem_u32(s.g), &s.g_full, &s.g_empty, s.g_tile, s.g_wt}, t);
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
       fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t, rank);
