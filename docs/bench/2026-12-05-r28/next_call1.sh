@@ -9,12 +9,13 @@
 # the BF16 routed-M GEMMs, the weight tile B multicast (each CTA of a pair loads one half into
 # both). ext-epi = two FP8 epilogue changes: dy·Wd^T quantizes dh along 2F in its epilogue (no
 # `quantize dh` pass), and the down / dh·Wgu^T GEMMs store their rows by TMA boxes. ext-ewg =
-# ext-epi + dy·Wd^T's SwiGLU backward in a fourth warpgroup fed g in bf16 (fp8_block only).
+# ext-epi + dy·Wd^T's SwiGLU backward in a fourth warpgroup fed g in bf16, in the FP8 (fp8_block)
+# and the BF16 kernel (whose consumers then issue n128 halves).
 # Predictions: pair and epi bitwise equal to ext-m28 (pairs: same tiles, same accumulation order;
 # epi: the same bf16 values quantized by the same functions, the same bf16 rows stored by another
-# unit); ewg NOT bitwise (g rounded to bf16 before the SwiGLU backward): its fp8_block outputs
-# downstream of dy·Wd^T (dx, d_topk_weights, dW in fp8_block) differ by about a bf16 rounding,
-# everything else (forward, mxfp8, bf16) equal. A difference in dx alone under epi: build its two
+# unit); ewg NOT bitwise (g rounded to bf16 before the SwiGLU backward): its outputs downstream
+# of dy·Wd^T (dx, d_topk_weights, dW; bf16 and fp8_block) differ by about a bf16 rounding, the
+# rest (forward, mxfp8) equal. A difference in dx alone under epi: build its two
 # switches apart (dh_q feeds dh·Wgu^T, whose rows the TMA stores write).
 # Per phase: pair fp8_block S2 -8..-15 % per routed-M GEMM (its plain mainloop is at ~78 % of the
 # FP8 ceiling with the L2 at 94 %), S1 0..-5 % (S1's mainloop is not the limit: perf-notes r28);
