@@ -161,14 +161,16 @@ __device__ __forceinline__ int pair_producer_tile(TileRing& r, PipelineState<kTi
 constexpr int kOddBits = 13;
 constexpr int kOddMask = (1 << kOddBits) - 1;
 
+// An expert's entry of the packed prefix, from its count of m-tiles.
+__host__ __device__ __forceinline__ int pair_packed(int m_tiles) {
+  return ((m_tiles >> 1) << kOddBits) | (m_tiles & 1);
+}
+
 // Warp 0 builds the packed prefix from the routing's m-tile prefix (read from global memory, so
 // that no lane reads a table entry another lane overwrites). Packed values add without carries.
 __device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts, int* out,
                                             int lane) {
-  auto packed = [&](int e) {
-    const int m = mtile_prefix[e + 1] - mtile_prefix[e];
-    return ((m >> 1) << kOddBits) | (m & 1);
-  };
+  auto packed = [&](int e) { return pair_packed(mtile_prefix[e + 1] - mtile_prefix[e]); };
   const int chunk = (experts + 31) / 32;
   const int lo = min(experts, lane * chunk), hi = min(experts, lo + chunk);
   int sum = 0;
@@ -187,8 +189,9 @@ __device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts
   if (lane == 31) out[experts] = incl;
 }
 
+// (Host and device: tests/pair_schedule_test.cu checks the schedule on the CPU.)
 template <class Params>
-__device__ __forceinline__ int pair_total_tiles(const Params& p, const int* s_prefix) {
+__host__ __device__ __forceinline__ int pair_total_tiles(const Params& p, const int* s_prefix) {
   const int all = s_prefix[p.experts];
   return ((all >> kOddBits) + ((all & kOddMask) + 1) / 2) * p.n_tiles;
 }
@@ -196,7 +199,7 @@ __device__ __forceinline__ int pair_total_tiles(const Params& p, const int* s_pr
 // Largest e in [0, experts) with key(e) <= v, where key(0) <= v < key(experts) and key is
 // non-decreasing.
 template <class Key>
-__device__ __forceinline__ int last_at_or_below(Key key, int experts, int v) {
+__host__ __device__ __forceinline__ int last_at_or_below(Key key, int experts, int v) {
   int lo = 0, hi = experts;
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
@@ -211,9 +214,10 @@ __device__ __forceinline__ int last_at_or_below(Key key, int experts, int v) {
 // Pair tile `tile` for this rank; `shared`: both CTAs work on one B (loaded half each, multicast),
 // else each loads its own.
 template <class Params>
-__device__ __forceinline__ WorkTile decode_pair_routed(const Params& p, int tile,
-                                                       const int* s_prefix, const int* s_offset,
-                                                       uint32_t rank, bool& shared) {
+__host__ __device__ __forceinline__ WorkTile decode_pair_routed(const Params& p, int tile,
+                                                                const int* s_prefix,
+                                                                const int* s_offset, uint32_t rank,
+                                                                bool& shared) {
   const int n = p.n_tiles, all = s_prefix[p.experts];
   WorkTile w;
   w.k_off = 0;
