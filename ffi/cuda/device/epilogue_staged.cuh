@@ -518,7 +518,7 @@ struct GHandover {
   float* wt;  // [128]: the epilogue warpgroup's copy of the rows' routing weights
 };
 // Byte offset of g[row][col] (an even col: a bf16 pair stays in one 16-byte chunk).
-__device__ __forceinline__ uint32_t g_offset(int row, int col) {
+__host__ __device__ __forceinline__ uint32_t g_offset(int row, int col) {
   return row * 512 + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 16 + (col & 7) * 2;
 }
 
