@@ -1,8 +1,9 @@
 #!/bin/bash
 # The next session's first call (one nvidia-h200, ~9 min): the three experiment builds against
 # main's kernels, bitwise, then per phase on S1 and S2 in fp8_block.
-#   carry [".device/ext-m28", ".device/ext-pair", ".device/ext-epi", ".device/ext-ewg", ".whl"]
-#   (~56 MiB of the 64 allowed)
+#   carry [".device/ext-m28", ".device/ext-pair", ".device/ext-epi", ".device/ext-ewg"] (~50 MiB;
+#   with the ~9 MiB tree the 64 MiB limit leaves no room for .whl, which prebuilt extensions
+#   do not need)
 #   JAX_MOK_GIT_COMMIT=<hash> OUT=$OUT bash docs/bench/2026-12-05-r28/next_call1.sh
 # Build them first on the CPU machine (a fresh checkout has no .device/): build_exts.sh here.
 # ext-m28 = main's kernels (the default build). ext-pair = 2-CTA clusters in every FP8 GEMM and

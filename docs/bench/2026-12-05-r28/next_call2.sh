@@ -2,7 +2,7 @@
 # The next session's second call (warm machine, ~8 min), whatever call 1 showed short of a hang:
 # the whole single-GPU suite on ext-pair, then per phase on S1 and S2 in bf16 for ext-pair (its
 # BF16 routed-M pairs) and ext-ewg (the BF16 dy·Wd^T's epilogue warpgroup).
-#   carry [".device/ext-m28", ".device/ext-pair", ".device/ext-epi", ".device/ext-ewg", ".whl"]
+#   carry [".device/ext-m28", ".device/ext-pair", ".device/ext-epi", ".device/ext-ewg"]
 #   JAX_MOK_GIT_COMMIT=<hash> OUT=$OUT bash docs/bench/2026-12-05-r28/next_call2.sh
 # Predictions: suite green (FP8 71 passed / 4 skipped, the rest 42 passed, as main at 2627361);
 # pair: bf16 S2 gate/up -5..-10 %, S1 within +-5 %; ewg: bf16 dy·Wd^T S1 1.93 -> 1.2..1.5 ms,

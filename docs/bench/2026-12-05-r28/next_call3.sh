@@ -3,7 +3,7 @@
 # oracle tests decide; test_cuda_fp8.py compares every output with the FP8 oracle,
 # test_cuda_kernels.py the BF16 ones with the float64 one), then per phase on S4 (112 rows per
 # expert: every routed-M tile a single, paired across experts) for ext-pair.
-#   carry [".device/ext-m28", ".device/ext-pair", ".device/ext-epi", ".device/ext-ewg", ".whl"]
+#   carry [".device/ext-m28", ".device/ext-pair", ".device/ext-epi", ".device/ext-ewg"]
 #   JAX_MOK_GIT_COMMIT=<hash> OUT=$OUT bash docs/bench/2026-12-05-r28/next_call3.sh
 # Predictions: FP8 tests green on ext-ewg; S4 per GEMM within +-5 % (nothing shared, nothing idle;
 # the two CTAs of a pair held in step).
