@@ -65,18 +65,10 @@ __device__ __forceinline__ void for_each_chunk(int t, F&& f) {
   for (int j = 0; j < 4; ++j) f(row0 + 16 * j, chunk, off0 + 2048 * j);
 }
 
-// The bits of (v0, v1) rounded to a bf16 pair, as st_shared_pair stores them.
-__device__ __forceinline__ uint32_t bf16_pair_bits(float v0, float v1) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 __device__ __forceinline__ void st_shared_pair(uint32_t addr, float v0, float v1) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
                : "memory");
-}
-__device__ __forceinline__ float2 unpack_bf16_pair(uint32_t bits) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
 }
 __device__ __forceinline__ float2 ld_shared_pair(uint32_t addr) {
   uint32_t raw;
@@ -149,22 +141,12 @@ __device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& 
   }
 }
 
-// swiglu_bwd_staged's default: no hook.
-struct NoBlockHook {};
-
 // kSwiGLUBwd (acc = g = dy @ Wd^T over BN columns of F): per pass h's gate and up arrive in
 // buffers 0 and 1 by cp.async, dh_gate and dh_up overwrite them in place (each thread reads and
 // writes only its own fragment's elements), w*a goes to buffer 2; then all three leave as rows.
-// With a hook, the thread also keeps its dh values of each 128 columns as the bf16 pairs it
-// stored (zeros where it stores none), and after every second pass calls
-// hook(first F column of the 128, gate pairs, up pairs, eb) with the buffers free: pair j holds
-// values 2j, 2j + 1 of the 128 columns in the order of glu_quant_epilogue's a (fp8 namespace).
-template <int BN, class Acc, class BlockHook = NoBlockHook>
+template <int BN, class Acc>
 __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
-                                                  int wg, int t, const EpiBuffers& eb,
-                                                  BlockHook hook = {}) {
-  constexpr bool kKeep = !std::is_same_v<BlockHook, NoBlockHook>;
-  uint32_t kept_gate[32], kept_up[32];  // kKeep: bf16 pairs of the current 128 columns
+                                                  int wg, int t, const EpiBuffers& eb) {
   const int F = p.N, row_base = 64 * wg;
   const bf16* h = static_cast<const bf16*>(p.h);
   bf16* dh = static_cast<bf16*>(p.out);
@@ -188,21 +170,13 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
-      const int j = (i - 64 * (pass >> 1)) >> 1;  // kKeep: the pair's index in its 128 columns
-      if (!rows.ok[rh] || f0 + c >= F) {
-        if constexpr (kKeep) kept_gate[j] = kept_up[j] = 0u;
-        continue;
-      }
+      if (!rows.ok[rh] || f0 + c >= F) continue;
       const uint32_t off = fo.at(rh, (i >> 2) & 7);
       const float2 hg = ld_shared_pair(eb.buf[0] + off), hu = ld_shared_pair(eb.buf[1] + off);
       const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg.x, hu.x, rows.weight[rh]);
       const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg.y, hu.y, rows.weight[rh]);
       dw_rows[rh] += acc(i) * d0.a;
       dw_rows[rh] += acc(i + 1) * d1.a;
-      if constexpr (kKeep) {
-        kept_gate[j] = bf16_pair_bits(d0.dgate, d1.dgate);
-        kept_up[j] = bf16_pair_bits(d0.dup, d1.dup);
-      }
       st_shared_pair(eb.buf[0] + off, d0.dgate, d1.dgate);
       st_shared_pair(eb.buf[1] + off, d0.dup, d1.dup);
       st_shared_pair(eb.buf[2] + off, d0.aw, d1.aw);
@@ -217,9 +191,6 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
       copy16(aw_out + at * F + f, eb.buf[2] + off);
     });
     warpgroup_sync(wg);
-    if constexpr (kKeep) {
-      if (pass & 1) hook(f0 - 64, kept_gate, kept_up, eb);
-    }
   }
   store_dw_partials(p, w, rows, dw_rows, t);
 }
@@ -425,213 +396,6 @@ __device__ __forceinline__ void glu_quant_epilogue(const Params& p, const WorkTi
         reinterpret_cast<uint32_t*>(row_scales)[w.n_tile] = bs[rh][0].stored;
       }
     }
-  }
-}
-
-// The FP8 dy·Wd^T's hook of swiglu_bwd_staged: dh quantized along 2F right where it is made, the
-// bits the `quantize dh` pass (quantize_rows over dh in bf16) makes from the stored bf16 values:
-// per 128 F columns of the tile, gate and up each one block of 128 (fp8_block) or four of 32
-// (mxfp8), a row's values in one quad. E4M3 bytes through buffers 0 (gate) and 1 (up), out as
-// 16-byte row chunks of q_out [P, 2F]; scales into q_scale (2F / 32 bytes per row).
-template <Recipe R>
-struct DhQuantHook {
-  static constexpr int kBlocks = R == Recipe::kMx ? 4 : 1;  // scale blocks in 128 columns
-  const WorkTile& w;
-  uint8_t* q_out;
-  uint8_t* q_scale;
-  int F, wg, t;
-  // One half (gate or up) of the 128 columns: its scales into bs, its E4M3 pairs into `buf`.
-  __device__ __forceinline__ void quantize(const uint32_t (&kept)[32], uint32_t buf,
-                                           BlockScale (&bs)[2][kBlocks]) const {
-    float m[2][kBlocks];
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh)
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) m[rh][b] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const float2 v = unpack_bf16_pair(kept[j]);
-      float& mj = m[j & 1][kBlocks == 4 ? (j >> 3) : 0];
-      mj = amax_combine(amax_combine(mj, v.x), v.y);
-    }
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh)
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) bs[rh][b] = block_scale<R>(quad_amax(m[rh][b]));
-    quantize_pairs<R, 32>(
-        [&](int j) { return unpack_bf16_pair(kept[j]); },
-        [&](int j) -> const BlockScale& { return bs[j & 1][kBlocks == 4 ? (j >> 3) : 0]; },
-        [&](int j, uint16_t q) {
-          const int i = 2 * j;  // as glu_quant_epilogue's byte columns
-          st_shared_u16(buf + FragOffsets(t, 1).at((i >> 1) & 1, (i >> 3) & 7) + 8 * ((i >> 2) & 1),
-                        q);
-        });
-  }
-  __device__ __forceinline__ void operator()(int f_block, const uint32_t (&gate)[32],
-                                             const uint32_t (&up)[32], const EpiBuffers& eb) const {
-    if (f_block >= F) return;      // F % 128 == 0: a block is wholly in or out (warpgroup-uniform)
-    BlockScale bs[2][2][kBlocks];  // [gate | up][row half][block]
-    quantize(gate, eb.buf[0], bs[0]);
-    quantize(up, eb.buf[1], bs[1]);
-    warpgroup_sync(wg);
-    const int row_base = 64 * wg;
-    for_each_chunk(t, [&](int r, int chunk, uint32_t off) {  // 16 E4M3 columns a chunk
-      const int row = row_base + r;
-      if (row >= w.rows) return;
-      uint8_t* q_row = q_out + static_cast<int64_t>(w.row0 + row) * 2 * F + f_block + 16 * chunk;
-      copy16(q_row, eb.buf[0] + off);
-      copy16(q_row + F, eb.buf[1] + off);
-    });
-    if ((t & 3) == 0) {
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const int r = row_base + frag_row(2 * rh, t);
-        if (r >= w.rows) continue;
-        uint8_t* row_scales = q_scale + static_cast<int64_t>(w.row0 + r) * (2 * F / 32);
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          const int col = g * F + f_block;
-          if constexpr (R == Recipe::kMx) {
-#pragma unroll
-            for (int b = 0; b < kBlocks; ++b) row_scales[col / 32 + b] = bs[g][rh][b].stored;
-          } else {
-            reinterpret_cast<uint32_t*>(row_scales)[col / 128] = bs[g][rh][0].stored;
-          }
-        }
-      }
-    }
-    warpgroup_sync(wg);  // the buffers are free for the next pass's h
-  }
-};
-
-// A dy·Wd^T tile's g handed from the consumer warpgroups to an epilogue warpgroup through shared
-// memory (swiglu_bwd_warpgroup): g as bf16 [128][kHandoverCols], 512-byte rows whose 16-byte
-// chunks are XOR-swizzled by row & 7 (g_offset), so that both the consumers' fragment stores and
-// the epilogue warps' row reads are free of bank conflicts; `full` (256 consumer arrivals) and
-// `empty` (128 epilogue arrivals) mbarriers; the tile as row0, rows (-1: no more tiles), n_tile.
-constexpr int kHandoverCols = 256;
-struct GHandover {
-  uint32_t g;
-  uint64_t* full;
-  uint64_t* empty;
-  int* tile;
-  float* wt;  // [128]: the epilogue warpgroup's copy of the rows' routing weights
-};
-// Byte offset of g[row][col] (an even col: a bf16 pair stays in one 16-byte chunk).
-__host__ __device__ __forceinline__ uint32_t g_offset(int row, int col) {
-  return row * 512 + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 16 + (col & 7) * 2;
-}
-
-// The epilogue warpgroup of a dy·Wd^T GEMM (BF16 or FP8 kernel, bf16 x): per tile g handed over by
-// the consumers, the SwiGLU backward of epilogue.cuh's swiglu_bwd, one warp per tile row (rows
-// warp, warp + 4, ...), lane l the 8 columns 8l..8l+7 of the 256: h gate and up straight from
-// global memory (the consumers pulled the tile's rows into L2 at its start), dh gate / up and w·a
-// out as 16-byte chunks (8 lanes per 128-byte line), the row's d_w partial by a fixed butterfly
-// over the warp (lane 0's sum stored), and with kQuant (the FP8 kernel's fp8_block) dh quantized
-// along 2F into q_out / q_scale: a 128-column block is 16 lanes' values, its amax by shuffles among
-// them, bits as quantize_rows makes them from the stored bf16 dh.
-template <bool kQuant>
-__device__ void swiglu_bwd_warpgroup(const GemmParams& e, uint8_t* q_out, uint8_t* q_scale,
-                                     const GHandover& hv, int t) {
-  constexpr Recipe R = Recipe::kBlock;
-  constexpr int kCols = kHandoverCols;
-  const int lane = t & 31, warp = t >> 5, F = e.N;
-  const bf16* h = static_cast<const bf16*>(e.h);
-  bf16* dh = static_cast<bf16*>(e.out);
-  bf16* aw_out = static_cast<bf16*>(e.out2);
-  const uint32_t g_base = hv.g;
-  for (int phase = 0;; phase ^= 1) {
-    mbar_wait(hv.full, phase);
-    const volatile int* tile = hv.tile;
-    const int row0 = tile[0], rows = tile[1], n_tile = tile[2];
-    if (rows < 0) break;
-    const int f = n_tile * kCols + 8 * lane;
-    const bool col_ok = f < F;  // F % 8 == 0: a lane's 8 columns are wholly in or out
-    // The rows' routing weights (two dependent loads each) once per tile, thread t row t; named
-    // barrier 5 (this warpgroup): the previous tile's are read, then these are written.
-    asm volatile("bar.sync 5, 128;\n" ::: "memory");
-    if (t < rows) hv.wt[t] = e.topk_weights[e.sorted_slot[row0 + t]];
-    asm volatile("bar.sync 5, 128;\n" ::: "memory");
-    // One row in flight ahead of the one computed: its g and h loads (L2 latency) overlap the
-    // current row's math.
-    struct RowIn {
-      uint4 g, hg, hu;
-      float wt;
-    };
-    auto load_row = [&](int r) {
-      RowIn in;
-      const int64_t pos = row0 + r;
-      in.wt = hv.wt[r];
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(in.g.x), "=r"(in.g.y), "=r"(in.g.z), "=r"(in.g.w)
-                   : "r"(g_base + g_offset(r, 8 * lane))
-                   : "memory");
-      const bf16* h_row = h + pos * 2 * F + f;
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      in.hg = col_ok ? *reinterpret_cast<const uint4*>(h_row) : zero;
-      in.hu = col_ok ? *reinterpret_cast<const uint4*>(h_row + F) : zero;
-      return in;
-    };
-    RowIn next = warp < rows ? load_row(warp) : RowIn{};
-    for (int r = warp; r < rows; r += 4) {  // warp-uniform: every lane takes part in the shuffles
-      const RowIn in = next;
-      if (r + 4 < rows) next = load_row(r + 4);
-      const int64_t pos = row0 + r;
-      const float wt = in.wt;
-      const uint32_t gw[4] = {in.g.x, in.g.y, in.g.z, in.g.w};
-      const uint32_t hgw[4] = {in.hg.x, in.hg.y, in.hg.z, in.hg.w};
-      const uint32_t huw[4] = {in.hu.x, in.hu.y, in.hu.z, in.hu.w};
-      uint32_t dgate[4], dup[4], aw[4];
-      float dw = 0.f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 g = unpack_bf16_pair(gw[k]);
-        const float2 hgk = unpack_bf16_pair(hgw[k]), huk = unpack_bf16_pair(huw[k]);
-        const SwiGLUGrad d0 = swiglu_bwd(g.x, hgk.x, huk.x, wt);
-        const SwiGLUGrad d1 = swiglu_bwd(g.y, hgk.y, huk.y, wt);
-        dw += g.x * d0.a;
-        dw += g.y * d1.a;
-        dgate[k] = bf16_pair_bits(d0.dgate, d1.dgate);
-        dup[k] = bf16_pair_bits(d0.dup, d1.dup);
-        aw[k] = bf16_pair_bits(d0.aw, d1.aw);
-      }
-      if (col_ok) {
-        bf16* dh_row = dh + pos * 2 * F + f;
-        *reinterpret_cast<uint4*>(dh_row) = make_uint4(dgate[0], dgate[1], dgate[2], dgate[3]);
-        *reinterpret_cast<uint4*>(dh_row + F) = make_uint4(dup[0], dup[1], dup[2], dup[3]);
-        *reinterpret_cast<uint4*>(aw_out + pos * F + f) = make_uint4(aw[0], aw[1], aw[2], aw[3]);
-      }
-      if constexpr (kQuant) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {  // gate, up: columns f and F + f of dh
-          const uint32_t(&v)[4] = g == 0 ? dgate : dup;
-          float m = 0.f;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 x = unpack_bf16_pair(v[k]);
-            m = amax_combine(amax_combine(m, x.x), x.y);
-          }
-#pragma unroll
-          for (int d = 1; d < 16; d <<= 1)  // the 16 lanes of the 128-column block
-            m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
-          const BlockScale bs = block_scale<R>(m);
-          uint32_t q[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) q[k] = quantize_pair<R>(unpack_bf16_pair(v[k]), bs);
-          if (col_ok) {
-            const int col = g * F + f;
-            *reinterpret_cast<uint2*>(q_out + pos * 2 * F + col) =
-                make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
-            if ((lane & 15) == 0)
-              reinterpret_cast<uint32_t*>(q_scale + pos * (2 * F / 32))[col / 128] = bs.stored;
-          }
-        }
-      }
-#pragma unroll
-      for (int d = 16; d >= 1; d >>= 1) dw += __shfl_xor_sync(0xffffffffu, dw, d);
-      if (lane == 0) e.dw_part[pos * e.n_tiles + n_tile] = dw;
-    }
-    mbar_arrive(hv.empty);  // this thread's reads of g are done
   }
 }
 

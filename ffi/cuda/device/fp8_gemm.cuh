@@ -57,43 +57,9 @@ enum class TileShape { kRoutedM, kExpertK };
 #endif
 constexpr int kCluster = JAX_MOK_FP8_CLUSTER;
 static_assert(kCluster == 1 || kCluster == 2, "JAX_MOK_FP8_CLUSTER: 1 or 2");
-
-// dy·Wd^T (kSwiGLUBwd, bf16) quantizes dh along 2F in its epilogue (epilogue_staged.cuh:
-// DhQuantHook) instead of the `quantize dh` pass after it (phases/fp8_backward.cu): a build
-// choice (CMake JAX_MOK_FP8_FUSE_DH) until a GPU run shows the same bits and the time.
-#ifndef JAX_MOK_FP8_FUSE_DH
-#define JAX_MOK_FP8_FUSE_DH 0
-#endif
-constexpr bool kFuseDhQuant = JAX_MOK_FP8_FUSE_DH != 0;
-
-// The routed-M row outputs (down GEMM, dh·Wgu^T; bf16) leave the staging area as TMA boxes
-// (store_rows_staged's kBoxes, as the BF16 kernel's: one thread issues a pass's box and the
-// warpgroup goes on) instead of 16-byte copies by every thread: a build choice (CMake
-// JAX_MOK_FP8_TMA_STORES) until a GPU A/B decides it. The host encodes epi.tmap_out.
-#ifndef JAX_MOK_FP8_TMA_STORES
-#define JAX_MOK_FP8_TMA_STORES 0
-#endif
-constexpr bool kFp8TmaStores = JAX_MOK_FP8_TMA_STORES != 0;
-
-// fp8_block dy·Wd^T (bf16): a fourth warpgroup runs the SwiGLU backward epilogue from g handed
-// over in shared memory (bf16), so that the consumers go on with the next tile's mainloop while
-// it runs (fp8_epilogue_warpgroup below): a build choice (CMake JAX_MOK_FP8_EPI_WG) until a GPU
-// run decides it. g is rounded to bf16 before the SwiGLU backward, so the bits differ from the
-// default kernels' (within the oracle tests' bounds, as the GEMM-then-elementwise stacks round).
-#ifndef JAX_MOK_FP8_EPI_WG
-#define JAX_MOK_FP8_EPI_WG 0
-#endif
 // kGluQuant: SwiGLU of the gate/up tile, quantized to FP8 (+ h saved when epi.out2 is set).
 // Otherwise one of the BF16 path's epilogues (epilogue.cuh).
 enum class Epi8 { kGluQuant, kWeighted, kSwiGLUBwd, kStoreRows, kStoreGLU, kStoreCast };
-
-// Whether a kernel has the epilogue warpgroup (JAX_MOK_FP8_EPI_WG), and its threads.
-template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
-constexpr bool kEpiWarpgroup =
-    JAX_MOK_FP8_EPI_WG != 0 && R == Recipe::kBlock && kShape == TileShape::kRoutedM &&
-    kEpi == Epi8::kSwiGLUBwd && std::is_same_v<T, bf16>;
-template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
-constexpr int kThreadsOf = kEpiWarpgroup<R, kShape, kEpi, T> ? 512 : kThreads;
 
 struct Fp8GemmParams {
   // schedule (device arrays)
@@ -209,9 +175,9 @@ constexpr int kGroupSteps = kSteps / kScaleSteps<R>;
 template <Recipe R>
 constexpr int kStagesOf = R == Recipe::kMx ? 3 : 4;
 
-template <Recipe R, int kRing = kStagesOf<R>, int kOutBytes = kOutStageBytes>
+template <Recipe R>
 struct alignas(1024) Fp8Smem {
-  static constexpr int kStages = kRing;
+  static constexpr int kStages = kStagesOf<R>;
   uint8_t a[kStages][kBM * kBK];        // (128, 128) per stage, 128B-swizzled rows
   uint8_t b[2][kStages][kHalfN * kBK];  // per half (128, 128) per stage: two TMA boxes
   // Scales as float32 bits: fp8_block's words as they are stored (cp.async); mxfp8's converted
@@ -222,29 +188,16 @@ struct alignas(1024) Fp8Smem {
   uint64_t full[kStages], empty[kStages];
   TileRing tiles;     // kRoutedM with epi.tile_counter: the dynamic tile order (mainloop_sm90.cuh)
   int64_t rows[kBM];  // source row of each tile row (-1: none)
-  // staged row stores (mainloop_sm90.cuh); TMA boxes need the 128B swizzle's period
-  alignas(kFp8TmaStores ? 1024 : 128) char out_stage[kOutBytes];
+  alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop_sm90.cuh)
 };
-// With the epilogue warpgroup: one stage fewer, no row staging (dy·Wd^T has none), and the
-// tile's g (bf16 [128][256], 512-byte rows, 16-byte chunks XOR-swizzled by row & 7) with its
-// handshake and its tile.
-template <Recipe R>
-struct alignas(1024) Fp8SmemEpi : Fp8Smem<R, kStagesOf<R> - 1, 128> {
-  alignas(1024) uint16_t g[kBM * kBN];
-  uint64_t g_full, g_empty;  // g holds a tile (256 consumer threads) / was read (128 epilogue)
-  int g_tile[4];             // row0, rows (-1: no more tiles), n_tile, expert
-  float g_wt[kBM];           // the epilogue warpgroup's copy of the tile rows' routing weights
-};
-template <Recipe R, TileShape kShape, Epi8 kEpi, class T>
-using Fp8SmemOf = std::conditional_t<kEpiWarpgroup<R, kShape, kEpi, T>, Fp8SmemEpi<R>, Fp8Smem<R>>;
 // The `full` barrier's arrivals per stage: each producer thread's cp.async arrival, the TMA
 // thread's expect_tx arrival, and (mxfp8) each producer thread's scale stores.
 template <Recipe R>
 constexpr int kFullArrivals = 128 + 1 + (R == Recipe::kMx ? 128 : 0);
 // The expert tables follow the struct: mtile_prefix / k_offset [E+1], expert_offset / k_offset.
-template <Recipe R, class Smem = Fp8Smem<R>>
+template <Recipe R>
 constexpr size_t fp8_smem_bytes(int64_t experts) {
-  return 1024 + sizeof(Smem) + 2 * sizeof(int) * static_cast<size_t>(experts + 1);
+  return 1024 + sizeof(Fp8Smem<R>) + 2 * sizeof(int) * static_cast<size_t>(experts + 1);
 }
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
@@ -259,15 +212,10 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
 // so that a stage adds k to each and issues. (Recomputing them per stage from the row table,
 // with 64-bit multiplies and the parameters reloaded from the constant bank, made the producer
 // the pipeline's bottleneck: the consumers waited on `full` a third of the time.)
-// kFp8TmaStores: the routed-M row outputs by TMA boxes (the weight gradients keep thread copies:
-// their output map would be [E][M][N]).
-template <Epi kEpi>
-constexpr bool kTmaRowStores = kFp8TmaStores && (kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows);
-
-template <Recipe R, TileShape kShape, bool kBPerRow, class Smem>
-__device__ void fp8_producer(const Fp8GemmParams& p, Smem& s, const int* s_prefix,
+template <Recipe R, TileShape kShape, bool kBPerRow>
+__device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int t, uint32_t rank) {
-  constexpr int kStages = Smem::kStages;
+  constexpr int kStages = Fp8Smem<R>::kStages;
   constexpr int kBScaleRows = kBPerRow ? 2 : 1;  // B scale words this thread copies per stage
   const int total = fp8_total_tiles<kShape>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
@@ -386,13 +334,12 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
   }
 }
 
-template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T, class Smem>
-__device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefix,
+template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
+__device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
                              const int* s_offset, int wg, int t, uint32_t rank) {
-  constexpr bool kEpiWG = kEpiWarpgroup<R, kShape, kEpi, T>;
   using namespace cute;
   using Elem = cute::float_e4m3_t;
-  constexpr int kStages = Smem::kStages;
+  constexpr int kStages = Fp8Smem<R>::kStages;
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                              Shape<Int<kBM>, Int<kBK>, Int<kStages>>{}));
   using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -417,10 +364,9 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
   // The SwiGLU epilogues in bf16 keep the tile's last stage as their buffers
   // (epilogue_staged.cuh); routed-M tiles have K > 0, so there is always one.
   constexpr bool kHeld =
-      kShape == TileShape::kRoutedM && std::is_same_v<T, bf16> && !kEpiWG &&
+      kShape == TileShape::kRoutedM && std::is_same_v<T, bf16> &&
       (kEpi == Epi8::kGluQuant || kEpi == Epi8::kSwiGLUBwd || kEpi == Epi8::kStoreGLU);
   int stage = 0, phase = 0, held = 0;
-  int g_phase = 0;  // kEpiWG: the handover's parity
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
@@ -434,8 +380,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
     if (tile < 0 || tile >= total) break;
     bool shared;
     const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank, shared);
-    if constexpr ((kHeld || kEpiWG) && kEpi == Epi8::kSwiGLUBwd)
-      prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
+    if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     // A routed-M warpgroup none of whose 64 rows is in the tile (an expert with at most 64
@@ -506,26 +451,6 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
         continue;
       }
     }
-    if constexpr (kEpiWG) {
-      // g to the epilogue warpgroup once it has read the previous tile's, as bf16 pairs.
-      mbar_wait(&s.g_empty, g_phase ^ 1);
-      const uint32_t g_base = smem_u32(s.g);
-#pragma unroll
-      for (int i = 0; i < 128; i += 2) {
-        const int j = i & 63, row = 64 * wg + frag_row(j, t);
-        const int col = (i >> 6) * kHalfN + frag_col(j, t);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(g_base + g_offset(row, col)),
-                     "r"(bf16_pair_bits(acc[i], acc[i + 1]))
-                     : "memory");
-      }
-      if (wg == 0 && t == 0) {
-        s.g_tile[0] = w.row0, s.g_tile[1] = w.rows, s.g_tile[2] = w.n_tile;
-        s.g_tile[3] = w.expert;
-      }
-      mbar_arrive(&s.g_full);
-      g_phase ^= 1;
-      continue;
-    }
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kHeld) {
       consumer_sync();  // both warpgroups' wgmmas are done reading the held stage
@@ -533,9 +458,6 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
           held_buffers(smem_u32(s.a[held]), smem_u32(s.b[0][held]), smem_u32(s.b[1][held]), wg);
       if constexpr (kEpi == Epi8::kGluQuant)
         glu_quant_epilogue<R, T, true>(p, w, acc, wg, t, eb);
-      else if constexpr (kEpi == Epi8::kSwiGLUBwd && kFuseDhQuant)
-        swiglu_bwd_staged<kBN>(p.epi, w, value, wg, t, eb,
-                               DhQuantHook<R>{w, p.q_out, p.q_scale, p.N, wg, t});
       else if constexpr (kEpi == Epi8::kSwiGLUBwd)
         swiglu_bwd_staged<kBN>(p.epi, w, value, wg, t, eb);
       else
@@ -560,7 +482,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
                                       kBf16Epi == Epi::kStoreCast);
       if constexpr (kCanStage) {
         if (p.staged_out) {
-          store_rows_staged<kBf16Epi, kBN, kTmaRowStores<kBf16Epi>>(
+          store_rows_staged<kBf16Epi, kBN, false>(
               p.epi, w, value, wg, t, smem_u32(s.out_stage) + wg * (kOutStageBytes / 2));
           continue;
         }
@@ -568,27 +490,17 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Smem& s, const int* s_prefi
       run_epilogue<T, kBf16Epi, kBN>(p.epi, w, value, wg, t);
     }
   }
-  if constexpr (kFp8TmaStores && kShape == TileShape::kRoutedM && std::is_same_v<T, bf16>) {
-    if (p.staged_out && t == 0) bulk_wait<0, false>();  // the last boxes left before the CTA ends
-  }
-  if constexpr (kEpiWG) {  // no more tiles: the epilogue warpgroup's end
-    mbar_wait(&s.g_empty, g_phase ^ 1);
-    if (wg == 0 && t == 0) s.g_tile[1] = -1;
-    mbar_arrive(&s.g_full);
-  }
 }
 
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
-__global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_kernel(const __grid_constant__ Fp8GemmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Smem = Fp8SmemOf<R, kShape, kEpi, T>;
-  constexpr bool kEpiWG = kEpiWarpgroup<R, kShape, kEpi, T>;
   extern __shared__ char smem_raw[];
   char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  Smem& s = *reinterpret_cast<Smem*>(base);
-  int* s_prefix = reinterpret_cast<int*>(base + sizeof(Smem));  // mtile_prefix / k_offset
-  int* s_offset = s_prefix + p.experts + 1;                     // expert_offset / k_offset
+  Fp8Smem<R>& s = *reinterpret_cast<Fp8Smem<R>*>(base);
+  int* s_prefix = reinterpret_cast<int*>(base + sizeof(Fp8Smem<R>));  // mtile_prefix / k_offset
+  int* s_offset = s_prefix + p.experts + 1;                           // expert_offset / k_offset
   const int* prefix_src = kShape == TileShape::kExpertK ? p.k_offset : p.mtile_prefix;
   const int* offset_src = kShape == TileShape::kExpertK ? p.k_offset : p.expert_offset;
   constexpr bool kPairPrefix = kCluster > 1 && kShape == TileShape::kRoutedM;
@@ -600,13 +512,9 @@ __global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
     s_offset[i] = offset_src[i];
   }
   if (threadIdx.x == 0) {
-    for (int i = 0; i < Smem::kStages; ++i) {
+    for (int i = 0; i < Fp8Smem<R>::kStages; ++i) {
       mbar_init(&s.full[i], kFullArrivals<R>);
       mbar_init(&s.empty[i], 2 * kCluster);  // one thread per consumer warpgroup (per CTA)
-    }
-    if constexpr (kEpiWG) {
-      mbar_init(&s.g_full, 256);   // every consumer thread
-      mbar_init(&s.g_empty, 128);  // every epilogue thread
     }
     if constexpr (kCluster == 1) {
       init_tile_ring(s.tiles);
@@ -621,22 +529,7 @@ __global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
     cluster_sync();  // both CTAs' barriers exist before either arrives on the other's
   const uint32_t rank = kCluster == 1 ? 0u : cluster_rank();
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-  if constexpr (kEpiWG) {
-    // 512 threads: 40 + 56 + 2 x 208 registers per thread fill the 64 K of the SM.
-    if (wg == 0) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-      if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
-      fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
-    } else if (wg == 3) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-      swiglu_bwd_warpgroup<kFuseDhQuant>(
-          p.epi, p.q_out, p.q_scale,
-          GHandover{smem_u32(s.g), &s.g_full, &s.g_empty, s.g_tile, s.g_wt}, t);
-    } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
-      fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t, rank);
-    }
-  } else if (wg == 0) {
+  if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
     fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
@@ -652,8 +545,7 @@ __global__ void __launch_bounds__(kThreadsOf<R, kShape, kEpi, T>, 1)
 
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t stream) {
-  constexpr int kThreads = kThreadsOf<R, kShape, kEpi, T>;
-  const size_t smem = fp8_smem_bytes<R, Fp8SmemOf<R, kShape, kEpi, T>>(p.experts);
+  const size_t smem = fp8_smem_bytes<R>(p.experts);
   auto* kernel = fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));

@@ -21,37 +21,10 @@
 
 namespace mok::cuda {
 
-// The routed-M dy·Wd^T kernel's SwiGLU backward in a fourth warpgroup fed g (bf16) through
-// shared memory (fp8::swiglu_bwd_warpgroup, epilogue_staged.cuh), so that the consumers go on
-// with the next tile: a build choice (CMake JAX_MOK_BF16_EPI_WG) until a GPU run decides it. g is
-// rounded to bf16 first, so the bits differ from the default kernel's. At 512 threads the kernel's
-// register cap is 128, which one m64n256k16 wgmma exceeds: that kernel's consumers issue each
-// k-step as two m64n128k16 halves (WgmmaConfig's kHalves).
-#ifndef JAX_MOK_BF16_EPI_WG
-#define JAX_MOK_BF16_EPI_WG 0
-#endif
-template <Mode kMode, Epi kEpi>
-constexpr bool kBf16EpiWG =
-    JAX_MOK_BF16_EPI_WG != 0 && kMode != Mode::kRoutedK && kEpi == Epi::kSwiGLUBwd;
-// Its ring loses a stage to the handover area (after the tables, where staging would be): g,
-// then the two barriers, the tile and the rows' weights.
-constexpr int kHandoverBytes = kTileM * 256 * 2 + 1024;
-template <Mode kMode, Epi kEpi, bool kStagedOut>
-constexpr int kRingOf = kBf16EpiWG<kMode, kEpi> ? kWgmmaStages - 1 : kRingStages<kMode, kStagedOut>;
-template <Mode kMode, Epi kEpi, bool kStagedOut>
-constexpr int kAfterTablesBytes =
-    kBf16EpiWG<kMode, kEpi> ? kHandoverBytes : kStagingBytes<kMode, kStagedOut>;
-// The handover inside that area (fp8::GHandover).
-__device__ __forceinline__ fp8::GHandover handover_at(char* area) {
-  auto* bars = reinterpret_cast<uint64_t*>(area + kTileM * 256 * 2);
-  int* tile = reinterpret_cast<int*>(bars + 2);
-  return fp8::GHandover{smem_u32(area), bars, bars + 1, tile, reinterpret_cast<float*>(tile + 4)};
-}
-
 // kTmaA: A arrives by TMA as well as B. Routed-K: both operands by TMA (kTmaA), or one of them
 // (A or B: GemmParams::a_gather / b_gather) gathered by the producer's threads. kRing: the ring's
 // stages (pipeline.cuh: kRingStages).
-template <Mode kMode, bool kTmaA, int kRing, bool kHalves = false>
+template <Mode kMode, bool kTmaA, int kRing>
 struct WgmmaConfig {
   static constexpr int BM = kTileM, BN = kWgmmaBN, BK = kWgmmaBK, kStages = kRing;
   static constexpr int kThreads = 384;
@@ -79,12 +52,8 @@ struct WgmmaConfig {
   using SmemLayoutB = decltype(cute::tile_to_shape(
       Atom<kMajorB>{}, cute::Shape<cute::Int<BN>, cute::Int<BK>, cute::Int<kStages>>{},
       OrderB{}));  // (BN,BK,STAGES)
-  // kHalves: each k-step as two m64n128 wgmmas, the accumulator's values 0..63 the first 128
-  // columns (fragment order), 64..127 the second.
-  using Atom256 = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>;
-  using Atom128 = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<kMajorA, kMajorB>;
   using TiledMma = decltype(cute::make_tiled_mma(
-      std::conditional_t<kHalves, Atom128, Atom256>{},
+      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<kMajorA, kMajorB>{},
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));  // 2 warpgroups along M
   using Storage = SharedStorage<BM, BN, BK, kStages>;  // the shared memory's head (pipeline.cuh)
   static constexpr int kStageBytesA = Storage::kStageBytesA, kStageBytesB = Storage::kStageBytesB;
@@ -441,10 +410,8 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
                                          uint64_t* empty, char* out_stage, int wg, int t,
                                          uint32_t rank) {
   using namespace cute;
-  constexpr bool kEpiWG = kBf16EpiWG<kMode, kEpi>;
-  using Cfg = WgmmaConfig<kMode, kTmaA, kRingOf<kMode, kEpi, kStagedOut>, kEpiWG>;
+  using Cfg = WgmmaConfig<kMode, kTmaA, kRingStages<kMode, kStagedOut>>;
   constexpr bool kPair = kClusterOf<kMode> == 2;
-  int g_phase = 0;  // kEpiWG: the handover's parity
   // A warpgroup hands a stage back: to its producer, and with pairs to both CTAs' (either
   // writes B into both shared memories).
   auto release = [](uint64_t* bar) {
@@ -467,9 +434,9 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   const int total = kPair ? pair_total_tiles(p, s_prefix) : total_tiles<kMode>(p, s_prefix);
   // The SwiGLU epilogues keep the tile's last stage as their buffers (epilogue_staged.cuh);
   // routed-M tiles have K > 0, so there is always one.
-  constexpr bool kHeld = kMode != Mode::kRoutedK && !kEpiWG &&
-                         (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
-                          kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUBwd);
+  constexpr bool kHeld =
+      kMode != Mode::kRoutedK && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
+                                  kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUBwd);
   PipelineState<kStages> pipe;
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
@@ -545,28 +512,6 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
         continue;
       }
     }
-    if constexpr (kEpiWG) {
-      // The last stage back at once; g to the epilogue warpgroup once it has read the previous
-      // tile's, as bf16 pairs (kHalves: value i of half i / 64).
-      if (t == 0) release(&empty[prev]);
-      const fp8::GHandover hv = handover_at(out_stage);
-      mbar_wait(hv.empty, g_phase ^ 1);
-#pragma unroll
-      for (int i = 0; i < 128; i += 2) {
-        const int j = i & 63, row = 64 * (wg - 1) + frag_row(j, t);
-        const int col = (i >> 6) * 128 + frag_col(j, t);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hv.g + fp8::g_offset(row, col)),
-                     "r"(bf16_pair_bits(acc(i), acc(i + 1)))
-                     : "memory");
-      }
-      if (wg == 1 && t == 0) {
-        hv.tile[0] = w.row0, hv.tile[1] = w.rows, hv.tile[2] = w.n_tile;
-        hv.tile[3] = w.expert;
-      }
-      mbar_arrive(hv.full);
-      g_phase ^= 1;
-      continue;
-    }
     if constexpr (kHeld) {
       static_assert(Cfg::kStageBytesA == 16384 && Cfg::kStageBytesB == 32768, "six 8 KB areas");
       consumer_sync();  // both warpgroups' wgmmas are done reading stage `prev`
@@ -599,12 +544,6 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   }
   if (kStagedOut && t == 0)
     bulk_wait<0, false>();  // the last boxes are written before the CTA ends
-  if constexpr (kEpiWG) {   // no more tiles: the epilogue warpgroup's end
-    const fp8::GHandover hv = handover_at(out_stage);
-    mbar_wait(hv.empty, g_phase ^ 1);
-    if (wg == 1 && t == 0) hv.tile[1] = -1;
-    mbar_arrive(hv.full);
-  }
 }
 
 // The plain row outputs that may go out through the staging area (store_rows_staged).
@@ -614,13 +553,11 @@ constexpr bool kStagedEpilogue =
 
 // The kernel lays out shared memory, initializes the barriers and picks each warpgroup's role.
 template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
-__global__ void __launch_bounds__(kBf16EpiWG<kMode, kEpi> ? 512 : 384, 1)
-    wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(!kStagedOut || kStagedEpilogue<kEpi>, "staged stores: plain row outputs only");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kRing = kRingOf<kMode, kEpi, kStagedOut>;
-  constexpr bool kEpiWG = kBf16EpiWG<kMode, kEpi>;
-  using Cfg = WgmmaConfig<kMode, kTmaA, kRing, kEpiWG>;
+  constexpr int kRing = kRingStages<kMode, kStagedOut>;
+  using Cfg = WgmmaConfig<kMode, kTmaA, kRing>;
   using Storage = typename Cfg::Storage;
   constexpr int kStages = Cfg::kStages;
   extern __shared__ char smem_raw[];
@@ -663,11 +600,6 @@ __global__ void __launch_bounds__(kBf16EpiWG<kMode, kEpi> ? 512 : 384, 1)
       init_pair_tile_ring(ring);
       fence_barrier_init();
     }
-    if constexpr (kEpiWG) {
-      const fp8::GHandover hv = handover_at(out_stage);
-      mbar_init(hv.full, 256);   // every consumer thread
-      mbar_init(hv.empty, 128);  // every epilogue thread
-    }
   }
   if constexpr (kCluster == 1)
     __syncthreads();
@@ -676,23 +608,7 @@ __global__ void __launch_bounds__(kBf16EpiWG<kMode, kEpi> ? 512 : 384, 1)
   const uint32_t rank = kCluster == 1 ? 0u : cluster_rank();
 
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-  if constexpr (kEpiWG) {
-    // 512 threads: 40 + 56 + 2 x 208 registers per thread fill the 64 K of the SM.
-    if (wg == 0) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-      if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
-      if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
-      producer<kMode, kTmaA, kRing>(p, s_prefix, s_offset, s_rows, ring, full, empty,
-                                    smem_u32(ring_a), smem_u32(ring_b), t, rank);
-    } else if (wg == 3) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-      fp8::swiglu_bwd_warpgroup<false>(p, nullptr, nullptr, handover_at(out_stage), t);
-    } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
-      consumer<kMode, kEpi, kTmaA, kStagedOut>(p, s_prefix, s_offset, ring_a, ring_b, ring, full,
-                                               empty, out_stage, wg, t, rank);
-    }
-  } else if (wg == 0) {
+  if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
     if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
@@ -711,20 +627,18 @@ __global__ void __launch_bounds__(kBf16EpiWG<kMode, kEpi> ? 512 : 384, 1)
 
 template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t stream) {
-  using Cfg = WgmmaConfig<kMode, kTmaA, kRingOf<kMode, kEpi, kStagedOut>>;
-  const size_t smem =
-      Cfg::Storage::dynamic_bytes(p.experts, kAfterTablesBytes<kMode, kEpi, kStagedOut>);
+  using Cfg = WgmmaConfig<kMode, kTmaA, kRingStages<kMode, kStagedOut>>;
+  const size_t smem = Cfg::Storage::dynamic_bytes(p.experts, kStagingBytes<kMode, kStagedOut>);
   auto* kernel = wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  constexpr int kThreads = kBf16EpiWG<kMode, kEpi> ? 512 : Cfg::kThreads;
   if constexpr (kClusterOf<kMode> == 1) {
-    kernel<<<num_sms, kThreads, smem, stream>>>(p);
+    kernel<<<num_sms, Cfg::kThreads, smem, stream>>>(p);
     return cudaGetLastError();
   } else {
-    return launch_clusters<wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>, 2>(p, kThreads, smem,
-                                                                                 num_sms, stream);
+    return launch_clusters<wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>, 2>(
+        p, Cfg::kThreads, smem, num_sms, stream);
   }
 }
 

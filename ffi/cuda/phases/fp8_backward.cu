@@ -82,19 +82,15 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
     MOK_RETURN_IF_ERROR(SetOperandB(g2, op.w_down_bwd, F, H, E, !kPerRow, "w_down (backward)"));
     g2.epi.out = b.dh, g2.epi.out2 = b.aw, g2.epi.h = h, g2.epi.dw_part = b.dw_part;
     g2.epi.ldo = 2 * F;
-    // bf16: the GEMM's staged epilogue can quantize dh as well (kFuseDhQuant, fp8_gemm.cuh)
-    constexpr bool kFused = kFuseDhQuant && std::is_same_v<T, bf16>;
-    if (kFused) g2.q_out = b.dh_q, g2.q_scale = b.dh_s;
-    MOK_RETURN_IF_ERROR(Stage(
-        kFused ? "fp8 dy Wd^T GEMM + SwiGLU bwd + quantize dh" : "fp8 dy Wd^T GEMM + SwiGLU bwd",
-        launch_fp8_gemm<R, kM, kPerRow, Epi8::kSwiGLUBwd, T>(g2, dev.sms, stream), stream));
+    MOK_RETURN_IF_ERROR(
+        Stage("fp8 dy Wd^T GEMM + SwiGLU bwd",
+              launch_fp8_gemm<R, kM, kPerRow, Epi8::kSwiGLUBwd, T>(g2, dev.sms, stream), stream));
 
-    if (!kFused)
-      MOK_RETURN_IF_ERROR(Stage(
-          "quantize dh",
-          launch_quantize_rows<T, R>(b.dh, 2 * F, nullptr, static_cast<int>(P), r.expert_offset + E,
-                                     static_cast<int>(2 * F), b.dh_q, b.dh_s, dev.sms, stream),
-          stream));
+    MOK_RETURN_IF_ERROR(Stage(
+        "quantize dh",
+        launch_quantize_rows<T, R>(b.dh, 2 * F, nullptr, static_cast<int>(P), r.expert_offset + E,
+                                   static_cast<int>(2 * F), b.dh_q, b.dh_s, dev.sms, stream),
+        stream));
 
     // dx_part = dh @ Wgu[e]^T
     Fp8GemmParams g3 = RoutedFp8(r, op.w, Quantized{b.dh_q, b.dh_s}, nullptr, H, 2 * F, false, 2);
@@ -102,7 +98,6 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
         SetOperandB(g3, op.w_gate_up_bwd, H, 2 * F, E, !kPerRow, "w_gate_up (backward)"));
     g3.epi.out = b.dx_part, g3.epi.ldo = H;
     g3.staged_out = std::is_same_v<T, bf16>;
-    MOK_RETURN_IF_ERROR(SetRowOutputMap(g3, P, "fp8 dh Wgu^T GEMM"));
     MOK_RETURN_IF_ERROR(
         Stage("fp8 dh Wgu^T GEMM",
               launch_fp8_gemm<R, kM, kPerRow, Epi8::kStoreRows, T>(g3, dev.sms, stream), stream));

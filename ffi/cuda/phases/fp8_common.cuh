@@ -85,14 +85,6 @@ inline Fp8GemmParams RoutedFp8(const Routing& r, const float* topk_weights, Quan
   return p;
 }
 
-// kFp8TmaStores (fp8_gemm.cuh): the tensor map of a routed-M GEMM's staged row output
-// (epi.out [rows][N], bf16, rows epi.ldo apart); nothing otherwise.
-inline ffi::Error SetRowOutputMap(Fp8GemmParams& p, int64_t rows, const char* phase) {
-  if (!kFp8TmaStores || !p.staged_out) return ffi::Error::Success();
-  p.epi.a_rows = rows;
-  return MakeOutputTensorMap(p.epi, Mode::kRoutedBN, GemmNames{phase, "", ""});
-}
-
 // The weight gradients' padded position offsets [E+1] (fp8_quantize.cuh), from the routing.
 inline ffi::Error BuildTokenOffsets(const Routing& r, int* k_offset, cudaStream_t stream) {
   fp8_schedule_kernel<<<1, 1024, 0, stream>>>(r.expert_offset, r.experts, k_offset);

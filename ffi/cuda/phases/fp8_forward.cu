@@ -39,7 +39,6 @@ ffi::Error Forward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& s
     MOK_RETURN_IF_ERROR(SetOperandB(g2, w_down, H, F, E, !kPerRow, "w_down"));
     g2.epi.out = y_part, g2.epi.ldo = H;
     g2.staged_out = std::is_same_v<T, bf16>;
-    MOK_RETURN_IF_ERROR(SetRowOutputMap(g2, P, "fp8 down GEMM x weight"));
     MOK_RETURN_IF_ERROR(Stage(
         "fp8 down GEMM x weight",
         launch_fp8_gemm<R, TileShape::kRoutedM, kPerRow, Epi8::kWeighted, T>(g2, dev.sms, stream),
