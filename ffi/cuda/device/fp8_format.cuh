@@ -160,4 +160,48 @@ __device__ __forceinline__ float scale_value(uint32_t stored) {
     return __uint_as_float(stored);
 }
 
+// ---- mxfp8 as bf16 (fp8_gemm.cuh: kMxBf16). An E4M3 value times 2^e, e an E8M0 exponent, is a
+// bf16 value: 3 mantissa bits fit bf16's 7, and bf16 has float32's exponent range. Two steps:
+//  1. the E4M3 byte's sign to bf16's sign bit, its exponent and mantissa bits (7 of them) to the
+//     low end of bf16's exponent field and the top of its mantissa: with bf16's exponent bias
+//     127 against E4M3's 7, that bf16 is the E4M3 value times 2^-120 exactly, zero and the
+//     subnormals included (E4M3 exponent field 0 becomes bf16's, whose subnormals have the same
+//     form m 2^-126 / 8 = (m 2^-6 / 8) 2^-120);
+//  2. a bf16 multiply by 2^(e + 120), a power of two, exact while the product is a bf16 normal or
+//     a bf16 subnormal with the value's bits: every product of a block with e >= -124 (an E4M3
+//     value's last bit is at least 2^(e - 9), bf16's smallest subnormal 2^-133); blocks of
+//     smaller e (amax below ~2^-116) may round their smallest values. 2^(e + 120) exceeds bf16's
+//     range for e > 7: then two factors, 2^127 and 2^(e - 7).
+// The E4M3 NaN (0x7F / 0xFF) maps to a finite bf16, but a NaN block's scale is E8M0 0xFF (the
+// quantizer writes both together), whose factor is NaN: the block stays NaN.
+// `two`: two E4M3 bytes in bits 0-7 and 8-15; the result: their bf16 values times 2^-120, the
+// first in bits 0-15.
+__host__ __device__ __forceinline__ uint32_t e4m3x2_bf16x2_unscaled(uint32_t two) {
+  const uint32_t t = ((two & 0xFFu) << 8) | ((two & 0xFF00u) << 16);  // bytes as lanes' high bytes
+  return (t & 0x80008000u) | ((t >> 4) & 0x07F007F0u);
+}
+
+// The bf16 factors (both halves of a bf16x2) that take e4m3x2_bf16x2_unscaled's values to their
+// values times 2^e, e = byte - 127: f1 (and f2 where `two`).
+struct Bf16Factors {
+  uint32_t f1, f2;
+  bool two;
+};
+__host__ __device__ __forceinline__ Bf16Factors e8m0_bf16_factors(uint32_t byte) {
+  const auto pair = [](uint32_t biased) { return (biased << 7) | (biased << 23); };
+  if (byte == 0xFFu) return {0x7FC07FC0u, 0u, false};  // NaN
+  const int x = static_cast<int>(byte) - 7;            // e + 120, in [-7, 247]
+  if (x <= 127) return {pair(static_cast<uint32_t>(x + 127)), 0u, false};
+  return {pair(254u), pair(static_cast<uint32_t>(x)), true};  // 2^127, 2^(x - 127)
+}
+
+// Byte offset of bf16 element (row, k) of a kMxBf16 slot (fp8_gemm.cuh), k a multiple of 8 (one
+// 16-byte chunk): the layout of GMMA::Layout_K_SW64_Atom<bf16> tiled down the rows (64-byte rows,
+// 8-row atoms of 512 bytes, byte bits 4-5 XOR-ed with bits 7-8); tests/cuda/mx_bf16_test.cu holds
+// it to CuTe's layout.
+__host__ __device__ __forceinline__ uint32_t fp8_cvt_offset(int row, int k) {
+  const uint32_t bytes = static_cast<uint32_t>(row * 64 + k * 2);
+  return bytes ^ (((bytes >> 7) & 3u) << 4);
+}
+
 }  // namespace mok::cuda::fp8
