@@ -1,7 +1,8 @@
 // mxfp8 as bf16 (ffi/cuda/device/fp8_format.cuh, used by fp8_gemm.cuh's kMxBf16), run on the CPU:
 //  - e4m3x2_bf16x2_unscaled gives, for every E4M3 byte pair but the NaN 0x7F / 0xFF, the two
 //    values times 2^-120 exactly as bf16 (zero and the subnormals included);
-//  - e8m0_bf16_factors' factors multiply to 2^(e + 120) for every E8M0 byte, NaN for 0xFF;
+//  - e8m0_bf16_factors' factors multiply to 2^(e + 120) for every E8M0 byte (the second is 1
+//    unless needed), NaN for 0xFF;
 //  - the scaled value, rounded to bf16 after each factor as the GPU's bf16 multiply does, is the
 //    E4M3 value times 2^e exactly for every byte and every e >= -124 whose product is finite;
 //  - fp8_cvt_offset is CuTe's address of element (row, k) in GMMA::Layout_K_SW64_Atom<bf16> tiled
@@ -57,11 +58,15 @@ int main() {
   for (uint32_t b = 0; b < 256; ++b) {
     if ((b & 0x7F) == 0x7F) continue;  // NaN: its block's factor is NaN (below)
     for (int half = 0; half < 2; ++half) {
-      const uint32_t two = half ? (b << 8) | 0x38u : b | (0x38u << 8);  // beside 1.0
-      const uint32_t r = e4m3x2_bf16x2_unscaled(two);
-      const uint32_t mine = half ? r >> 16 : r & 0xFFFFu, other = half ? r & 0xFFFFu : r >> 16;
-      if (bf16_value(mine) != std::ldexp(e4m3_value(b), -120)) return fail("unscaled", b, half);
-      if (bf16_value(other) != std::ldexp(1.0, -120)) return fail("unscaled neighbour", b, half);
+      // byte b at position 2 h + half of a word, beside 1.0 (0x38), the other pair 0x00 0x80
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t two = half ? (b << 8) | 0x38u : b | (0x38u << 8);
+        const uint32_t word = h == 0 ? two | (0x8000u << 16) : (two << 16) | 0x8000u;
+        const uint32_t r = e4m3x2_bf16x2_unscaled(word, h);
+        const uint32_t mine = half ? r >> 16 : r & 0xFFFFu, other = half ? r & 0xFFFFu : r >> 16;
+        if (bf16_value(mine) != std::ldexp(e4m3_value(b), -120)) return fail("unscaled", b, half);
+        if (bf16_value(other) != std::ldexp(1.0, -120)) return fail("unscaled neighbour", b, h);
+      }
     }
   }
   // 2. the factors
@@ -74,8 +79,8 @@ int main() {
       continue;
     }
     const double want = std::ldexp(1.0, static_cast<int>(s) - 127 + 120);
-    const double got = bf16_value(f.f1) * (f.two ? bf16_value(f.f2) : 1.0);
-    if (got != want) return fail("factor", s, 0);
+    if (!f.two && bf16_value(f.f2) != 1.0) return fail("second factor not 1", s, 0);
+    if (bf16_value(f.f1) * bf16_value(f.f2) != want) return fail("factor", s, 0);
     if (f.two != (s > 134)) return fail("two factors", s, 0);
   }
   // 3. the scaled values: each multiply rounds to bf16, the result is v 2^e exactly
@@ -87,8 +92,8 @@ int main() {
       if ((b & 0x7F) == 0x7F) continue;
       const double want = std::ldexp(e4m3_value(b), e);
       if (std::fabs(want) >= 3.3895313892515355e38) continue;  // beyond bf16's largest finite
-      uint32_t r = to_bf16(bf16_value(e4m3x2_bf16x2_unscaled(b) & 0xFFFFu) * bf16_value(f.f1));
-      if (f.two) r = to_bf16(bf16_value(r) * bf16_value(f.f2));
+      uint32_t r = to_bf16(bf16_value(e4m3x2_bf16x2_unscaled(b, 0) & 0xFFFFu) * bf16_value(f.f1));
+      r = to_bf16(bf16_value(r) * bf16_value(f.f2));  // 1 unless two: a warp may always
       if (bf16_value(r) != want) return fail("scaled", b, s);
       ++checked;
     }

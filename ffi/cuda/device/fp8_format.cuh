@@ -174,25 +174,42 @@ __device__ __forceinline__ float scale_value(uint32_t stored) {
 //     range for e > 7: then two factors, 2^127 and 2^(e - 7).
 // The E4M3 NaN (0x7F / 0xFF) maps to a finite bf16, but a NaN block's scale is E8M0 0xFF (the
 // quantizer writes both together), whose factor is NaN: the block stays NaN.
-// `two`: two E4M3 bytes in bits 0-7 and 8-15; the result: their bf16 values times 2^-120, the
-// first in bits 0-15.
-__host__ __device__ __forceinline__ uint32_t e4m3x2_bf16x2_unscaled(uint32_t two) {
-  const uint32_t t = ((two & 0xFFu) << 8) | ((two & 0xFF00u) << 16);  // bytes as lanes' high bytes
+// PTX prmt's byte selection (__byte_perm) on the device, the same selection on the host (the CPU
+// test): byte i of the result is byte (s >> 4 i) & 7 of y:x (selectors below 8 only).
+__host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i)
+    r |= static_cast<uint32_t>((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
+// E4M3 bytes 2h and 2h + 1 of `w` (h 0 or 1) as the bf16 pair of their values times 2^-120, byte
+// 2h in bits 0-15: the bytes as the high bytes of two 16-bit lanes (one PRMT), then the sign kept
+// and the other 7 bits moved down by 4 (a shift and two LOP3s).
+__host__ __device__ __forceinline__ uint32_t e4m3x2_bf16x2_unscaled(uint32_t w, int h) {
+  const uint32_t t = byte_perm(w, 0u, h == 0 ? 0x1404u : 0x3424u);
   return (t & 0x80008000u) | ((t >> 4) & 0x07F007F0u);
 }
 
 // The bf16 factors (both halves of a bf16x2) that take e4m3x2_bf16x2_unscaled's values to their
-// values times 2^e, e = byte - 127: f1 (and f2 where `two`).
+// values times 2^e, e = byte - 127: f1, then f2 where `two` (f2 is 1 otherwise, so that a warp
+// may multiply every lane by it when one lane needs it).
 struct Bf16Factors {
   uint32_t f1, f2;
   bool two;
 };
 __host__ __device__ __forceinline__ Bf16Factors e8m0_bf16_factors(uint32_t byte) {
-  const auto pair = [](uint32_t biased) { return (biased << 7) | (biased << 23); };
-  if (byte == 0xFFu) return {0x7FC07FC0u, 0u, false};  // NaN
-  const int x = static_cast<int>(byte) - 7;            // e + 120, in [-7, 247]
-  if (x <= 127) return {pair(static_cast<uint32_t>(x + 127)), 0u, false};
-  return {pair(254u), pair(static_cast<uint32_t>(x)), true};  // 2^127, 2^(x - 127)
+  const int x = static_cast<int>(byte) - 7;  // e + 120, in [-7, 248]
+  // biased exponents of 2^min(x, 127) and 2^max(x - 127, 0), placed in both halves (a multiply)
+  const uint32_t e1 = static_cast<uint32_t>((x < 127 ? x : 127) + 127);
+  const uint32_t e2 = static_cast<uint32_t>((x > 127 ? x - 127 : 0) + 127);
+  const bool nan = byte == 0xFFu;
+  return {nan ? 0x7FC07FC0u : e1 * 0x00800080u, e2 * 0x00800080u, x > 127 && !nan};
 }
 
 // Byte offset of bf16 element (row, k) of a kMxBf16 slot (fp8_gemm.cuh), k a multiple of 8 (one

@@ -164,7 +164,7 @@ __device__ __forceinline__ int fp8_box_row(const Fp8GemmParams& p, int n_tile, i
 
 // mxfp8 through BF16 wgmma (issue 21 item 4), a build choice (CMake JAX_MOK_MX_BF16) until a GPU
 // A/B decides it. mxfp8's scales are powers of two, so an E4M3 value times its scale is a bf16
-// value (fp8_format.cuh: e4m3x2_bf16x2_unscaled, Bf16Factor): the consumers turn each 32-K step
+// value (fp8_format.cuh: e4m3x2_bf16x2_unscaled, Bf16Factors): the consumers turn each 32-K step
 // of a stage into bf16 tiles in shared memory, A's and B's rows each multiplied by its E8M0 scale
 // (fp8_cvt_step), and run BF16 wgmmas on them, which accumulate over the whole K in float32: no
 // promotion (the FP8 path's per-k32 FMUL + FFMA over every accumulator, as much CUDA-core time
@@ -366,18 +366,21 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// 8 E4M3 values (bytes 0-3 of w0, then of w1) times the factors: a 16-byte chunk of 8 bf16.
-__device__ __forceinline__ uint4 cvt_e4m3x8(uint32_t w0, uint32_t w1, const Bf16Factors& f) {
-  uint32_t r[4] = {e4m3x2_bf16x2_unscaled(w0), e4m3x2_bf16x2_unscaled(w0 >> 16),
-                   e4m3x2_bf16x2_unscaled(w1), e4m3x2_bf16x2_unscaled(w1 >> 16)};
+// A row's kWords words of E4M3 bytes times its factors: 2 kWords bf16x2 words, in byte order.
+// Where a lane of the warp has e > 7 (|values| beyond 57344: rare), every lane multiplies by its
+// second factor (1 where its own e <= 7) behind one warp-uniform branch.
+template <int kWords>
+__device__ __forceinline__ void cvt_e4m3_row(const uint32_t (&w)[kWords], const Bf16Factors& f,
+                                             uint32_t (&r)[2 * kWords]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) r[i] = mul_bf16x2(r[i], f.f1);
-  if (f.two) {  // e > 7 (|values| beyond 57344): rare, a branch rather than a second multiply
-                // always
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = mul_bf16x2(r[i], f.f2);
+  for (int i = 0; i < kWords; ++i) {
+    r[2 * i] = mul_bf16x2(e4m3x2_bf16x2_unscaled(w[i], 0), f.f1);
+    r[2 * i + 1] = mul_bf16x2(e4m3x2_bf16x2_unscaled(w[i], 1), f.f1);
   }
-  return make_uint4(r[0], r[1], r[2], r[3]);
+  if (__any_sync(0xFFFFFFFFu, f.two)) {
+#pragma unroll
+    for (int i = 0; i < 2 * kWords; ++i) r[i] = mul_bf16x2(r[i], f.f2);
+  }
 }
 
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
@@ -406,21 +409,28 @@ __device__ __forceinline__ void fp8_cvt_step(Smem& s, int stage, int j, int slot
   {
     const uint4 q =
         ld_shared_v4(smem_u32(s.a[stage]) + ra * 128 + (((2 * j + ha) ^ (ra & 7)) << 4));
-    const Bf16Factors f = e8m0_bf16_factors((s.sa[stage][0][ra] >> (8 * j)) & 0xFFu);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    uint32_t r[8];
+    cvt_e4m3_row(w, e8m0_bf16_factors((s.sa[stage][0][ra] >> (8 * j)) & 0xFFu), r);
     const uint32_t dst = smem_u32(s.ca[slot]);
-    st_shared_v4(dst + fp8_cvt_offset(ra, 16 * ha), cvt_e4m3x8(q.x, q.y, f));
-    st_shared_v4(dst + fp8_cvt_offset(ra, 16 * ha + 8), cvt_e4m3x8(q.z, q.w, f));
+    st_shared_v4(dst + fp8_cvt_offset(ra, 16 * ha), make_uint4(r[0], r[1], r[2], r[3]));
+    st_shared_v4(dst + fp8_cvt_offset(ra, 16 * ha + 8), make_uint4(r[4], r[5], r[6], r[7]));
   }
   const int nb = 128 * wg + t;
   const uint32_t src = smem_u32(s.b[wg][stage]) + t * 128;
-  const Bf16Factors f = e8m0_bf16_factors((s.sb[stage][0][nb] >> (8 * j)) & 0xFFu);
-  const uint32_t dst = smem_u32(s.cb[slot]);
+  uint32_t w[8];
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const uint4 q = ld_shared_v4(src + (((2 * j + c) ^ (t & 7)) << 4));
-    st_shared_v4(dst + fp8_cvt_offset(nb, 16 * c), cvt_e4m3x8(q.x, q.y, f));
-    st_shared_v4(dst + fp8_cvt_offset(nb, 16 * c + 8), cvt_e4m3x8(q.z, q.w, f));
+    w[4 * c] = q.x, w[4 * c + 1] = q.y, w[4 * c + 2] = q.z, w[4 * c + 3] = q.w;
   }
+  uint32_t r[16];
+  cvt_e4m3_row(w, e8m0_bf16_factors((s.sb[stage][0][nb] >> (8 * j)) & 0xFFu), r);
+  const uint32_t dst = smem_u32(s.cb[slot]);
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    st_shared_v4(dst + fp8_cvt_offset(nb, 8 * c),
+                 make_uint4(r[4 * c], r[4 * c + 1], r[4 * c + 2], r[4 * c + 3]));
 }
 
 // A tile's K loop with kMxBf16, into acc (the promoted path's order: value i + 64 h of half h is
