@@ -7,10 +7,11 @@
 #    dequantized operands). Prediction: green (the conversion and the slots' layout are checked
 #    on the CPU: tests/test_mx_bf16.py); a hang shows as the timeout.
 # 2. per phase, S1 and S2: mxfp8 on ext-m28 (promoted FP8 wgmma) and on ext-mx, bf16 on ext-m28.
-#    Prediction: each ext-mx mxfp8 GEMM near the BF16 kernel's time for its phase (within ~10 %),
-#    where m28's mxfp8 GEMMs take ~1.6-2x BF16's (the promotion gone; the conversion, ~140
-#    instructions a thread per 32-K step, runs under the previous step's wgmmas).
-# 3. ncu launch statistics of the pair build's first two FP8 GEMMs (S1 forward). Prediction: a
+#    Prediction: each ext-mx mxfp8 GEMM at 1.0-1.25x the BF16 kernel's time for its phase, where
+#    m28's mxfp8 GEMMs take ~1.6-2x BF16's (the promotion gone; the conversion, ~190 SASS
+#    instructions a thread per 32-K step, ~72 % of the issue slots, runs under the wgmmas).
+# 3. ncu launch statistics of the pair build's first two FP8 GEMMs (S1 forward; and
+#    launch_clusters' stderr line if the grid is short of the SMs). Prediction: a
 #    grid of half the SMs (2 x cudaOccupancyMaxActiveClusters below the SM count); else the grid
 #    is full and the two CTAs of a pair take turns (SM throughput halves).
 set -uo pipefail
@@ -41,3 +42,4 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 70 ncu --clock-control none --sectio
 echo "ncu rc=$?"
 grep -E "fp8_gemm_kernel|Duration|Grid Size|Cluster Size|Block Size|Waves Per SM|Compute \(SM\) Throughput|Memory Throughput" \
   $OUT/ncu_pair.log | cut -c1-110 | head -24
+grep -h "cluster launch holds" $OUT/ncu_pair.log | head -2  # launch_clusters' one-time line

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 
 #include "cuda/device/pipeline.cuh"
 #include "cuda/device/ptx.cuh"
@@ -273,6 +274,15 @@ cudaError_t launch_clusters(const Params& p, int threads, size_t smem, int num_s
     return cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg) == cudaSuccess ? clusters : 0;
   }();
   if (resident < 1) return cudaErrorInvalidConfiguration;
+  // Fewer resident clusters than the SMs allow leaves SMs idle for the whole launch: said once, on
+  // stderr, so that a run's log shows it.
+  static const bool said = [&] {
+    if (kCtas * resident < num_sms - (kCtas - 1))
+      std::fprintf(stderr, "jax_mok: a %d-CTA cluster launch holds %d of %d SMs\n", kCtas,
+                   kCtas * resident, num_sms);
+    return true;
+  }();
+  (void)said;
   cfg.gridDim = dim3(kCtas * std::min(resident, num_sms / kCtas));
   return cudaLaunchKernelEx(&cfg, kKernel, p);
 }
