@@ -1,4 +1,4 @@
-"""The routed-M GEMMs' 2-CTA pair schedule (ffi/cuda/device/cluster.cuh: pair_packed,
+"""The routed-M GEMMs' 2-CTA pair schedule (ffi/cuda/device/cluster.cuh: pair_tiles,
 pair_total_tiles, decode_pair_routed) checked on the CPU by tests/cuda/pair_schedule_test.cu,
 compiled with nvcc as host code: every tile of the single-CTA schedule covered exactly once, with
 its rows, by the pairs' two ranks (the kernels that use it are a build option until they run on

@@ -9,10 +9,12 @@
 //     stay in step: stage s of one holds the same k-block as stage s of the other.
 //   - A stage is refilled only when the consumers of both CTAs have released it: each consumer
 //     warpgroup arrives on the `empty` barrier of both CTAs (count 2 x 2), since either CTA's
-//     producer writes into both shared memories.
+//     producer writes into both shared memories. These arrivals publish nothing (the wgmmas'
+//     reads are complete), so they and the producer's wait on `empty` stay at CTA scope.
 //   - A CTA whose tile has no rows (WorkTile::rows == 0: an expert-K pair's missing m-tile, the
-//     last routed-M single pair's missing single; see the pair schedule below) still runs the K
-//     loop, loading its share of B and handing every stage back, with no epilogue.
+//     idle rank of a routed-M single pair on an odd n-tile count; see the pair schedule below)
+//     still runs the K loop, loading its share of B and handing every stage back, with no
+//     epilogue.
 //   - Dynamic tile order (TileRing): rank 0's producer takes each pair id from the counter and
 //     writes it into both CTAs' rings; every reader of either ring (the consumer warps of both
 //     CTAs and rank 1's producer) arrives on rank 0's `empty` slot, so rank 0 overwrites a slot
@@ -49,7 +51,18 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
                : "memory");
 }
 
-// mbar_wait for a barrier that another CTA arrives on: acquires at cluster scope.
+// Arrival on an mbarrier of any CTA of the cluster that publishes nothing: a consumer handing a
+// stage back (its wgmmas have finished reading it: warpgroup_wait), a reader of the tile ring
+// freeing a slot it has read. The default .release.cta semantics; the cluster-scope release
+// above compiles to MEMBAR.ALL.GPU before the arrive (and its acquire to an L1 invalidation
+// after the wait), which per stage made the paired GEMMs 1.4-2.1x slower than unpaired ones.
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
+}
+
+// mbar_wait for a barrier that another CTA arrives on after publishing data in this CTA's shared
+// memory (the tile ring's ids): acquires at cluster scope. A stage's `empty` barrier, whose
+// remote arrivals publish nothing, is waited on with mbar_wait.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, int parity) {
   uint32_t done = 0;
   do {
@@ -120,18 +133,23 @@ __device__ __forceinline__ int pair_take_tile(TileRing& r, PipelineState<kTileRi
 __device__ __forceinline__ int pair_receive_tile(TileRing& r, PipelineState<kTileRing>& walk) {
   mbar_wait_cluster(&r.full[walk.stage], walk.phase);
   const int id = *reinterpret_cast<volatile int*>(&r.id[walk.stage]);
-  mbar_arrive_cluster(cluster_smem(smem_u32(&r.empty[walk.stage]), 0));
+  mbar_arrive_remote(cluster_smem(smem_u32(&r.empty[walk.stage]), 0));
   r.current = id;
   walk.advance();
   return id;
 }
 
-// A consumer thread of either CTA: the next pair id; one arrival per warp once its lanes read it.
+// A consumer thread of either CTA: the next pair id. Lane 0 of each warp waits (one cluster-scope
+// acquire a warp, not a thread), reads the id, hands it to its lanes and frees the slot: one
+// arrival per warp.
 __device__ __forceinline__ int pair_next_tile(TileRing& r, PipelineState<kTileRing>& walk) {
-  mbar_wait_cluster(&r.full[walk.stage], walk.phase);
-  const int id = *reinterpret_cast<volatile int*>(&r.id[walk.stage]);
-  __syncwarp();
-  if ((threadIdx.x & 31) == 0) mbar_arrive_cluster(cluster_smem(smem_u32(&r.empty[walk.stage]), 0));
+  int id = 0;
+  if ((threadIdx.x & 31) == 0) {
+    mbar_wait_cluster(&r.full[walk.stage], walk.phase);
+    id = *reinterpret_cast<volatile int*>(&r.id[walk.stage]);
+    mbar_arrive_remote(cluster_smem(smem_u32(&r.empty[walk.stage]), 0));
+  }
+  id = __shfl_sync(0xffffffffu, id, 0);
   walk.advance();
   return id;
 }
@@ -151,31 +169,29 @@ __device__ __forceinline__ int pair_producer_tile(TileRing& r, PipelineState<kTi
 }
 
 // ------------------------------------------------------------------ the pair schedule
-// Routed-M. An expert with m m-tiles has floor(m / 2) shared pairs (m-tiles 2j, 2j + 1: one B,
-// multicast) and, for odd m, a single: its last m-tile. Singles are paired across experts (singles
-// 2q and 2q + 1 in expert order), each CTA of such a pair loading its own B: every routed-M GEMM
-// has the same K, so the two still walk the same stages. Pair ids: the shared pairs first, numbered
-// as routed tiles are (expert, n-tile, pair), then the single pairs (q, n-tile). An odd count of
-// singles leaves rank 1 of the last single pairs idle (rows == 0).
-// The kernel's prefix table packs both exclusive prefixes per expert: shared pairs << kOddBits |
-// singles (the singles' count is at most the experts', < 2^kOddBits: launch_clusters checks).
-constexpr int kOddBits = 13;
-constexpr int kOddMask = (1 << kOddBits) - 1;
-
-// An expert's entry of the packed prefix, from its count of m-tiles.
-__host__ __device__ __forceinline__ int pair_packed(int m_tiles) {
-  return ((m_tiles >> 1) << kOddBits) | (m_tiles & 1);
+// Routed-M, expert by expert, so that a weight tile's readers run together (its L2 reuse, as in
+// the single-CTA order (expert, n-tile, m-tile)). An expert with m m-tiles has p = floor(m / 2)
+// shared pairs per n-tile (m-tiles 2j, 2j + 1: one B, multicast) and, for odd m, its last m-tile
+// as a single for every n-tile: two singles of n-tiles 2g, 2g + 1 make a pair, each CTA loading
+// its own B (one expert: the same K). Pair ids, per expert, in groups g of n-tiles 2g, 2g + 1:
+// the shared pairs of n-tile 2g (j = 0..p-1), of n-tile 2g + 1, then the single pair; an odd
+// n-tile count leaves the last group one n-tile, its single pair's rank 1 idle (rows == 0).
+// (Pairing the singles of different experts instead, numbered after every shared pair, re-read
+// half of S2's weights from DRAM: docs/perf-notes.md.) The kernel's prefix table is the
+// exclusive prefix of pair_tiles over the experts.
+__host__ __device__ __forceinline__ int pair_tiles(int m_tiles, int n_tiles) {
+  return (m_tiles >> 1) * n_tiles + (m_tiles & 1) * ((n_tiles + 1) >> 1);
 }
 
-// Warp 0 builds the packed prefix from the routing's m-tile prefix (read from global memory, so
-// that no lane reads a table entry another lane overwrites). Packed values add without carries.
-__device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts, int* out,
-                                            int lane) {
-  auto packed = [&](int e) { return pair_packed(mtile_prefix[e + 1] - mtile_prefix[e]); };
+// Warp 0 builds the pair prefix from the routing's m-tile prefix (read from global memory, so
+// that no lane reads a table entry another lane overwrites).
+__device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts, int n_tiles,
+                                            int* out, int lane) {
+  auto tiles = [&](int e) { return pair_tiles(mtile_prefix[e + 1] - mtile_prefix[e], n_tiles); };
   const int chunk = (experts + 31) / 32;
   const int lo = min(experts, lane * chunk), hi = min(experts, lo + chunk);
   int sum = 0;
-  for (int e = lo; e < hi; ++e) sum += packed(e);
+  for (int e = lo; e < hi; ++e) sum += tiles(e);
   int incl = sum;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
@@ -185,16 +201,15 @@ __device__ __forceinline__ void pair_prefix(const int* mtile_prefix, int experts
   int base = incl - sum;
   for (int e = lo; e < hi; ++e) {
     out[e] = base;
-    base += packed(e);
+    base += tiles(e);
   }
   if (lane == 31) out[experts] = incl;
 }
 
-// (Host and device: tests/pair_schedule_test.cu checks the schedule on the CPU.)
+// (Host and device: tests/cuda/pair_schedule_test.cu checks the schedule on the CPU.)
 template <class Params>
 __host__ __device__ __forceinline__ int pair_total_tiles(const Params& p, const int* s_prefix) {
-  const int all = s_prefix[p.experts];
-  return ((all >> kOddBits) + ((all & kOddMask) + 1) / 2) * p.n_tiles;
+  return s_prefix[p.experts];
 }
 
 // Largest e in [0, experts) with key(e) <= v, where key(0) <= v < key(experts) and key is
@@ -219,34 +234,31 @@ __host__ __device__ __forceinline__ WorkTile decode_pair_routed(const Params& p,
                                                                 const int* s_prefix,
                                                                 const int* s_offset, uint32_t rank,
                                                                 bool& shared) {
-  const int n = p.n_tiles, all = s_prefix[p.experts];
+  const int n = p.n_tiles;
+  const int e = last_at_or_below([&](int i) { return s_prefix[i]; }, p.experts, tile);
+  const int count = s_offset[e + 1] - s_offset[e];
+  const int m = (count + kTileM - 1) / kTileM, pairs = m >> 1;
+  const int group = 2 * pairs + (m & 1);  // ids of a two-n-tile group
+  const int local = tile - s_prefix[e], g = local / group, r = local - g * group;
+  const int in_group = min(2, n - 2 * g);  // n-tiles in group g
   WorkTile w;
+  w.expert = e;
   w.k_off = 0;
   w.k_len = p.K;
-  const int shared_tiles = (all >> kOddBits) * n;
-  shared = tile < shared_tiles;
+  shared = r < in_group * pairs;
   if (shared) {
-    const int e =
-        last_at_or_below([&](int i) { return (s_prefix[i] >> kOddBits) * n; }, p.experts, tile);
-    const int pairs = (s_prefix[e + 1] >> kOddBits) - (s_prefix[e] >> kOddBits);
-    const int local = tile - (s_prefix[e] >> kOddBits) * n;
-    w.expert = e;
-    w.n_tile = local / pairs;
-    const int j = local - w.n_tile * pairs;
+    const int h = r / pairs, j = r - h * pairs;
+    w.n_tile = 2 * g + h;
     w.row0 = s_offset[e] + (2 * j + static_cast<int>(rank)) * kTileM;
-  } else {
-    const int local = tile - shared_tiles, q = local / n, singles = all & kOddMask;
-    w.n_tile = local - q * n;
-    // A missing second single: rank 1 runs the first one's expert with no rows.
-    const int single = min(2 * q + static_cast<int>(rank), singles - 1);
-    const int e =
-        last_at_or_below([&](int i) { return s_prefix[i] & kOddMask; }, p.experts, single);
-    const int count = s_offset[e + 1] - s_offset[e];
-    w.expert = e;
-    w.row0 = s_offset[e] + (count - 1) / kTileM * kTileM;  // its last m-tile
-    if (single != 2 * q + static_cast<int>(rank)) w.row0 = s_offset[e + 1];
+  } else {  // the single pair: the last m-tile on n-tiles 2g, 2g + 1
+    w.n_tile = 2 * g + static_cast<int>(rank);
+    w.row0 = s_offset[e] + (m - 1) * kTileM;
+    if (w.n_tile >= n) {  // no second n-tile: rank 1 idles on rank 0's (rows == 0)
+      w.n_tile = 2 * g;
+      w.row0 = s_offset[e + 1];
+    }
   }
-  w.rows = max(0, min(kTileM, s_offset[w.expert + 1] - w.row0));
+  w.rows = max(0, min(kTileM, s_offset[e + 1] - w.row0));
   return w;
 }
 
@@ -256,7 +268,6 @@ __host__ __device__ __forceinline__ WorkTile decode_pair_routed(const Params& p,
 template <auto kKernel, int kCtas, class Params>
 cudaError_t launch_clusters(const Params& p, int threads, size_t smem, int num_sms,
                             cudaStream_t stream) {
-  if (p.experts > kOddMask) return cudaErrorInvalidValue;  // the packed prefix (pair_prefix)
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kCtas;

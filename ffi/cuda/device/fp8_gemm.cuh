@@ -98,7 +98,7 @@ template <TileShape kShape>
 constexpr Mode kScheduleOf = kShape == TileShape::kExpertK ? Mode::kRoutedK : Mode::kRoutedBN;
 
 // The tiles of a launch: with pairs (kCluster 2), pair tiles (cluster.cuh: routed-M's schedule;
-// s_prefix then holds the packed pair prefix). Expert-K pairs are m-tiles 2j, 2j + 1 of one
+// s_prefix then holds the pair prefix). Expert-K pairs are m-tiles 2j, 2j + 1 of one
 // (expert, n-tile): their K is the expert's, so singles cannot pair across experts.
 template <TileShape kShape>
 __device__ __forceinline__ int fp8_total_tiles(const Fp8GemmParams& p, const int* s_prefix) {
@@ -111,8 +111,8 @@ __device__ __forceinline__ int fp8_total_tiles(const Fp8GemmParams& p, const int
 }
 
 // Tile `tile` of this CTA (cluster rank `rank`); `shared`: the pair's CTAs share B (each loads
-// half of it into both). A CTA with rows == 0 (an expert-K pair's missing m-tile, the last single
-// pair's missing single) runs no math and no epilogue.
+// half of it into both). A CTA with rows == 0 (an expert-K pair's missing m-tile, the idle rank of
+// a single pair on an odd n-tile count) runs no math and no epilogue.
 template <TileShape kShape>
 __device__ __forceinline__ WorkTile fp8_decode_tile(const Fp8GemmParams& p, int tile,
                                                     const int* s_prefix, const int* s_offset,
@@ -145,13 +145,21 @@ __device__ __forceinline__ int static_tile(int it) {
 }
 
 // A consumer warpgroup hands a stage back: to its own producer, and with pairs to both CTAs'
-// (either writes B into both shared memories).
+// (either writes B into both shared memories). `kWrote`: the warpgroup wrote the stage (a held
+// stage used as epilogue buffers), so with pairs the arrival releases those writes at cluster
+// scope before the partner's TMA refills it; a stage only read needs no release (mbar_arrive_remote).
+template <bool kWrote = false>
 __device__ __forceinline__ void release_stage(uint64_t* empty) {
   if constexpr (kCluster == 1) {
     mbar_arrive(empty);
   } else {
 #pragma unroll
-    for (uint32_t r = 0; r < kCluster; ++r) mbar_arrive_cluster(cluster_smem(smem_u32(empty), r));
+    for (uint32_t r = 0; r < kCluster; ++r) {
+      if constexpr (kWrote)
+        mbar_arrive_cluster(cluster_smem(smem_u32(empty), r));
+      else
+        mbar_arrive_remote(cluster_smem(smem_u32(empty), r));
+    }
   }
 }
 
@@ -294,10 +302,7 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
                            : nullptr;
     }
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
-      if constexpr (kCluster == 1)
-        mbar_wait(&s.empty[stage], phase ^ 1);
-      else
-        mbar_wait_cluster(&s.empty[stage], phase ^ 1);  // both CTAs' consumers
+      mbar_wait(&s.empty[stage], phase ^ 1);  // with pairs: both CTAs' consumers
       const int k = w.k_off + k0;                       // absolute K of the stage in A and B
       const uint32_t stage_a = smem_u32(s.a[stage]) + dst0;
 #pragma unroll
@@ -633,7 +638,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
       } else {
         fence_proxy_async();  // as release_held_stage, arriving on both CTAs' barrier
         warpgroup_sync(wg);
-        if (t == 0) release_stage(&s.empty[held]);
+        if (t == 0) release_stage<true>(&s.empty[held]);
       }
     } else if constexpr (kEpi == Epi8::kGluQuant) {
       glu_quant_epilogue<R, T, false>(p, w, acc, wg, t, EpiBuffers{});
@@ -671,7 +676,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int* offset_src = kShape == TileShape::kExpertK ? p.k_offset : p.expert_offset;
   constexpr bool kPairPrefix = kCluster > 1 && kShape == TileShape::kRoutedM;
   if constexpr (kPairPrefix) {
-    if (threadIdx.x < 32) pair_prefix(p.mtile_prefix, p.experts, s_prefix, threadIdx.x);
+    if (threadIdx.x < 32) pair_prefix(p.mtile_prefix, p.experts, p.n_tiles, s_prefix, threadIdx.x);
   }
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
     if constexpr (!kPairPrefix) s_prefix[i] = prefix_src[i];

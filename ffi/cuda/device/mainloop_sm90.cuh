@@ -318,10 +318,7 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
       const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared)
                                : decode_tile<kMode>(p, tile, s_prefix, s_offset);
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        if constexpr (kPair)
-          mbar_wait_cluster(&empty[stage], phase ^ 1);  // both CTAs' consumers
-        else
-          mbar_wait(&empty[stage], phase ^ 1);
+        mbar_wait(&empty[stage], phase ^ 1);  // with pairs: both CTAs' consumers
         const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
         const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
         mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesA + Cfg::kStageBytesB);
@@ -377,10 +374,7 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
         a_src[i] = off >= 0 ? a + off + kc : nullptr;
       }
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        if constexpr (kPair)
-          mbar_wait_cluster(&empty[pipe.stage], pipe.phase ^ 1);  // both CTAs' consumers
-        else
-          mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);
+        mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);  // with pairs: both CTAs' consumers
         const uint32_t stage_a = sa + pipe.stage * Cfg::kStageBytesA;
         const uint32_t stage_b = sb + pipe.stage * Cfg::kStageBytesB;
         const bool k_ok = k0 + kc < p.K;
@@ -413,11 +407,11 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   using Cfg = WgmmaConfig<kMode, kTmaA, kRingStages<kMode, kStagedOut>>;
   constexpr bool kPair = kClusterOf<kMode> == 2;
   // A warpgroup hands a stage back: to its producer, and with pairs to both CTAs' (either
-  // writes B into both shared memories).
+  // writes B into both shared memories). Only read: no release needed (mbar_arrive_remote).
   auto release = [](uint64_t* bar) {
     if constexpr (kPair) {
-      mbar_arrive_cluster(cluster_smem(smem_u32(bar), 0));
-      mbar_arrive_cluster(cluster_smem(smem_u32(bar), 1));
+      mbar_arrive_remote(cluster_smem(smem_u32(bar), 0));
+      mbar_arrive_remote(cluster_smem(smem_u32(bar), 1));
     } else {
       mbar_arrive(bar);
     }
@@ -524,9 +518,14 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       else
         glu_staged<kEpi, BN>(p, w, value, wg - 1, t, eb);
       if constexpr (kPair) {
-        fence_proxy_async();  // as release_held_stage, arriving on both CTAs' barrier
+        // As release_held_stage, arriving on both CTAs' barrier at cluster scope: the epilogue
+        // wrote the stage, which the partner's TMA refills.
+        fence_proxy_async();
         warpgroup_sync(wg - 1);
-        if (t == 0) release(&empty[prev]);
+        if (t == 0) {
+          mbar_arrive_cluster(cluster_smem(smem_u32(&empty[prev]), 0));
+          mbar_arrive_cluster(cluster_smem(smem_u32(&empty[prev]), 1));
+        }
       } else {
         release_held_stage(&empty[prev], wg - 1, t);
       }
@@ -582,7 +581,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
 
   constexpr int kCluster = kClusterOf<kMode>;
   if constexpr (kCluster == 2) {  // the pair prefix (cluster.cuh)
-    if (threadIdx.x < 32) pair_prefix(p.mtile_prefix, p.experts, s_prefix, threadIdx.x);
+    if (threadIdx.x < 32) pair_prefix(p.mtile_prefix, p.experts, p.n_tiles, s_prefix, threadIdx.x);
   }
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
     if constexpr (kCluster == 1) s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
