@@ -3,9 +3,9 @@
 # EXT_DIR, AB_BASE, AB_DEV): one build directory per variant, its modules copied into .device/.
 #   PYTHON=/path/to/python3.12 tools/build_ext.sh NAME [-DVAR=VALUE ...]
 # NAME: .device/ext-NAME receives _mok_cuda*.so and _mok_cpu*.so; build/ext-NAME keeps the build
-# (incremental on the next call). The -D options go to CMake: a variant's build choices (e.g.
-# -DJAX_MOK_FP8_CLUSTER=2). PYTHON: a Python with the device machine's version and jax (the
-# modules are built against its headers and ABI) and nanobind and nvidia-cutlass installed.
+# (incremental on the next call). The -D options go to CMake: a variant's build choices (an
+# experiment's option, -DNAME=VALUE). PYTHON: a Python with the device machine's version and jax
+# (the modules are built against its headers and ABI) and nanobind and nvidia-cutlass installed.
 # The build log (ptxas -v) is build/ext-NAME.log; tools/check_ptxas.py runs on it and a finding
 # stops the script before the copy.
 set -euo pipefail

@@ -35,7 +35,6 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
-#include "cuda/device/cluster.cuh"
 #include "cuda/device/epilogue_staged.cuh"
 #include "cuda/device/fp8_format.cuh"
 #include "cuda/device/mainloop_sm90.cuh"  // producer_sync, consumer_sync
@@ -49,14 +48,6 @@ constexpr int kSteps = kBK / 32;  // k32 wgmma steps per stage
 constexpr int kBoxRows = 64;      // rows of one TMA box of B (128 bytes wide)
 
 enum class TileShape { kRoutedM, kExpertK };
-
-// CTAs per cluster: 1, or 2 for m-tile pairs that share their B tile by TMA multicast
-// (cluster.cuh). A build choice (CMake JAX_MOK_FP8_CLUSTER) until a GPU A/B decides it.
-#ifndef JAX_MOK_FP8_CLUSTER
-#define JAX_MOK_FP8_CLUSTER 1
-#endif
-constexpr int kCluster = JAX_MOK_FP8_CLUSTER;
-static_assert(kCluster == 1 || kCluster == 2, "JAX_MOK_FP8_CLUSTER: 1 or 2");
 // kGluQuant: SwiGLU of the gate/up tile, quantized to FP8 (+ h saved when epi.out2 is set).
 // Otherwise one of the BF16 path's epilogues (epilogue.cuh).
 enum class Epi8 { kGluQuant, kWeighted, kSwiGLUBwd, kStoreRows, kStoreGLU, kStoreCast };
@@ -97,72 +88,6 @@ struct Fp8GemmParams {
 template <TileShape kShape>
 constexpr Mode kScheduleOf = kShape == TileShape::kExpertK ? Mode::kRoutedK : Mode::kRoutedBN;
 
-// The tiles of a launch: with pairs (kCluster 2), pair tiles (cluster.cuh: routed-M's schedule;
-// s_prefix then holds the pair prefix). Expert-K pairs are m-tiles 2j, 2j + 1 of one
-// (expert, n-tile): their K is the expert's, so singles cannot pair across experts.
-template <TileShape kShape>
-__device__ __forceinline__ int fp8_total_tiles(const Fp8GemmParams& p, const int* s_prefix) {
-  if constexpr (kCluster == 1)
-    return total_tiles<kScheduleOf<kShape>>(p, s_prefix);
-  else if constexpr (kShape == TileShape::kRoutedM)
-    return pair_total_tiles(p, s_prefix);
-  else
-    return p.experts * ((p.m_tiles + 1) / 2) * p.n_tiles;
-}
-
-// Tile `tile` of this CTA (cluster rank `rank`); `shared`: the pair's CTAs share B (each loads
-// half of it into both). A CTA with rows == 0 (an expert-K pair's missing m-tile, the idle rank of
-// a single pair on an odd n-tile count) runs no math and no epilogue.
-template <TileShape kShape>
-__device__ __forceinline__ WorkTile fp8_decode_tile(const Fp8GemmParams& p, int tile,
-                                                    const int* s_prefix, const int* s_offset,
-                                                    uint32_t rank, bool& shared) {
-  shared = kCluster > 1;
-  if constexpr (kCluster == 1) {
-    return decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
-  } else if constexpr (kShape == TileShape::kExpertK) {
-    WorkTile w;
-    const int pairs = (p.m_tiles + 1) / 2, per_expert = pairs * p.n_tiles;
-    w.expert = tile / per_expert;
-    const int local = tile - w.expert * per_expert;
-    w.n_tile = local / pairs;
-    w.row0 = (2 * (local - w.n_tile * pairs) + static_cast<int>(rank)) * kTileM;
-    w.rows = max(0, min(kTileM, p.M - w.row0));
-    w.k_off = s_offset[w.expert];
-    w.k_len = s_offset[w.expert + 1] - w.k_off;
-    return w;
-  } else {
-    return decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared);
-  }
-}
-
-// The static order: CTA b (cluster b / kCluster) runs tiles b, b + grid, ... (of its cluster).
-__device__ __forceinline__ int static_tile(int it) {
-  if constexpr (kCluster == 1)
-    return static_cast<int>(blockIdx.x + it * gridDim.x);
-  else
-    return static_cast<int>(blockIdx.x / kCluster + it * (gridDim.x / kCluster));
-}
-
-// A consumer warpgroup hands a stage back: to its own producer, and with pairs to both CTAs'
-// (either writes B into both shared memories). `kWrote`: the warpgroup wrote the stage (a held
-// stage used as epilogue buffers), so with pairs the arrival releases those writes at cluster
-// scope before the partner's TMA refills it; a stage only read needs no release (mbar_arrive_remote).
-template <bool kWrote = false>
-__device__ __forceinline__ void release_stage(uint64_t* empty) {
-  if constexpr (kCluster == 1) {
-    mbar_arrive(empty);
-  } else {
-#pragma unroll
-    for (uint32_t r = 0; r < kCluster; ++r) {
-      if constexpr (kWrote)
-        mbar_arrive_cluster(cluster_smem(smem_u32(empty), r));
-      else
-        mbar_arrive_remote(cluster_smem(smem_u32(empty), r));
-    }
-  }
-}
-
 // First B row of box j (0..3): boxes 0, 1 fill half 0, boxes 2, 3 half 1. Gate/up tiles put the
 // 128 gate columns of F in half 0 and their up columns in half 1.
 __device__ __forceinline__ int fp8_box_row(const Fp8GemmParams& p, int n_tile, int j) {
@@ -170,43 +95,27 @@ __device__ __forceinline__ int fp8_box_row(const Fp8GemmParams& p, int n_tile, i
   return n_tile * kBN + j * kBoxRows;
 }
 
-// mxfp8 through BF16 wgmma (issue 21 item 4), a build choice (CMake JAX_MOK_MX_BF16) until a GPU
-// A/B decides it. mxfp8's scales are powers of two, so an E4M3 value times its scale is a bf16
-// value (fp8_format.cuh: e4m3x2_bf16x2_unscaled, Bf16Factors): the consumers turn each 32-K step
-// of a stage into bf16 tiles in shared memory, A's and B's rows each multiplied by its E8M0 scale
-// (fp8_cvt_step), and run BF16 wgmmas on them, which accumulate over the whole K in float32: no
-// promotion (the FP8 path's per-k32 FMUL + FFMA over every accumulator, as much CUDA-core time
-// as its tensor time), at BF16's tensor rate, with FP8's bytes from memory.
-#ifndef JAX_MOK_MX_BF16
-#define JAX_MOK_MX_BF16 0
-#endif
+// Scale factors kept per stage: mxfp8 one per k32 step, fp8_block one per stage.
 template <Recipe R>
-constexpr bool kMxBf16 = JAX_MOK_MX_BF16 != 0 && R == Recipe::kMx;
-constexpr int kCvtK = 32;     // K of one bf16 slot: one mxfp8 scale block, 64-byte rows
-constexpr int kCvtSlots = 3;  // bf16 slots: written one step ahead of the wgmma reading them
-
-// Scale factors kept per stage: mxfp8 one per k32 step (as float32, for the promotion),
-// fp8_block one per stage; kMxBf16 keeps mxfp8's E8M0 words as they are stored (4 steps' bytes).
-template <Recipe R>
-constexpr int kScaleSteps = R == Recipe::kMx && !kMxBf16<R> ? kSteps : 1;
+constexpr int kScaleSteps = R == Recipe::kMx ? kSteps : 1;
 // k32 steps per promotion group, the wgmmas that accumulate in the tensor cores before their
 // sum is scaled into the float32 accumulator: one scale block (mxfp8 32 K, fp8_block 128 K).
 template <Recipe R>
 constexpr int kGroupSteps = kSteps / kScaleSteps<R>;
 // Ring depth: 48 KB of operands per stage. fp8_block fits 4 stages in the 227 KB opt-in limit
 // (with the staging area and the tables of kFp8MaxExperts experts); mxfp8's per-step float32
-// scales (16 KB per stage) leave room for 3; kMxBf16's bf16 slots (72 KB) for 2.
+// scales (16 KB per stage) leave room for 3.
 template <Recipe R>
-constexpr int kStagesOf = kMxBf16<R> ? 2 : (R == Recipe::kMx ? 3 : 4);
+constexpr int kStagesOf = R == Recipe::kMx ? 3 : 4;
 
 template <Recipe R>
-struct alignas(1024) Fp8SmemRing {
+struct alignas(1024) Fp8Smem {
   static constexpr int kStages = kStagesOf<R>;
   uint8_t a[kStages][kBM * kBK];        // (128, 128) per stage, 128B-swizzled rows
   uint8_t b[2][kStages][kHalfN * kBK];  // per half (128, 128) per stage: two TMA boxes
-  // Scales: fp8_block's float32 words as they are stored (cp.async); mxfp8's converted to float32
-  // by the producer, one per k32 step (kMxBf16: its E8M0 words as stored). A: per tile row; B:
-  // per B row, or (fp8_block weights) per half in [.][0][0..1].
+  // Scales as float32 bits: fp8_block's words as they are stored (cp.async); mxfp8's converted
+  // by the producer, one per k32 step. A: per tile row; B: per B row, or (fp8_block weights) per
+  // half in [.][0][0..1].
   uint32_t sa[kStages][kScaleSteps<R>][kBM];
   uint32_t sb[kStages][kScaleSteps<R>][kBN];
   uint64_t full[kStages], empty[kStages];
@@ -214,19 +123,10 @@ struct alignas(1024) Fp8SmemRing {
   int64_t rows[kBM];  // source row of each tile row (-1: none)
   alignas(128) char out_stage[kOutStageBytes];  // staged row stores (mainloop_sm90.cuh)
 };
-// kMxBf16: the ring and the bf16 slots (K-major, 64-byte rows, 64B-swizzled: fp8_cvt_offset).
-// Between tiles the slots are the SwiGLU epilogues' buffers (no ring stage is held).
-template <Recipe R>
-struct alignas(1024) Fp8SmemCvt : Fp8SmemRing<R> {
-  alignas(1024) uint16_t ca[kCvtSlots][kBM * kCvtK];  // 8 KB per slot
-  alignas(1024) uint16_t cb[kCvtSlots][kBN * kCvtK];  // 16 KB per slot
-};
-template <Recipe R>
-using Fp8Smem = std::conditional_t<kMxBf16<R>, Fp8SmemCvt<R>, Fp8SmemRing<R>>;
 // The `full` barrier's arrivals per stage: each producer thread's cp.async arrival, the TMA
-// thread's expect_tx arrival, and (mxfp8 promoted) each producer thread's scale stores.
+// thread's expect_tx arrival, and (mxfp8) each producer thread's scale stores.
 template <Recipe R>
-constexpr int kFullArrivals = 128 + 1 + (R == Recipe::kMx && !kMxBf16<R> ? 128 : 0);
+constexpr int kFullArrivals = 128 + 1 + (R == Recipe::kMx ? 128 : 0);
 // The expert tables follow the struct: mtile_prefix / k_offset [E+1], expert_offset / k_offset.
 template <Recipe R>
 constexpr size_t fp8_smem_bytes(int64_t experts) {
@@ -247,10 +147,10 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
 // the pipeline's bottleneck: the consumers waited on `full` a third of the time.)
 template <Recipe R, TileShape kShape, bool kBPerRow>
 __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
-                             const int* s_offset, int t, uint32_t rank) {
+                             const int* s_offset, int t) {
   constexpr int kStages = Fp8Smem<R>::kStages;
   constexpr int kBScaleRows = kBPerRow ? 2 : 1;  // B scale words this thread copies per stage
-  const int total = fp8_total_tiles<kShape>(p, s_prefix);
+  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   const int chunk = t & 7;  // this thread's 16-byte chunk of every A row it copies
   // Its A chunks land at dst0 + 2048 i in a stage: rows (t >> 3) + 16 i share the 128B
   // swizzle phase (t >> 3) & 7.
@@ -260,16 +160,10 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
-    int tile;
-    if (!dynamic)
-      tile = static_tile(it);
-    else if constexpr (kCluster == 1)
-      tile = producer_tile(s.tiles, walk, p.epi.tile_counter, total, t);
-    else
-      tile = pair_producer_tile(s.tiles, walk, p.epi.tile_counter, total, t, rank);
+    const int tile = dynamic ? producer_tile(s.tiles, walk, p.epi.tile_counter, total, t)
+                             : static_cast<int>(blockIdx.x + it * gridDim.x);
     if (tile < 0 || tile >= total) break;
-    bool shared;
-    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank, shared);
+    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     producer_sync();                       // the previous tile's rows are no longer read
     const uint8_t* a_scale_row = nullptr;  // row t's scales (nullptr: no row, zero fill)
     {
@@ -302,34 +196,23 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
                            : nullptr;
     }
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
-      mbar_wait(&s.empty[stage], phase ^ 1);  // with pairs: both CTAs' consumers
-      const int k = w.k_off + k0;                       // absolute K of the stage in A and B
+      mbar_wait(&s.empty[stage], phase ^ 1);
+      const int k = w.k_off + k0;  // absolute K of the stage in A and B
       const uint32_t stage_a = smem_u32(s.a[stage]) + dst0;
 #pragma unroll
       for (int i = 0; i < 8; ++i)  // A: 128 rows x 8 chunks of 16 bytes
         cp_async_16(stage_a + 2048 * i, a_src[i] ? a_src[i] + k : p.a, a_src[i] != nullptr);
       if (t == 0) {
-        mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);  // all of B, whoever loads it
-        if (kCluster == 1 || !shared) {
+        mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
-                        &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
-        } else {
-          // This CTA's half of B (boxes 2 rank, 2 rank + 1) into both CTAs.
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int j = 2 * static_cast<int>(rank) + i;
-            tma_load_3d_multicast(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK,
-                                  &p.tmap_b, &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e,
-                                  uint16_t{0b11});
-          }
-        }
+        for (int j = 0; j < 4; ++j)
+          tma_load_3d(smem_u32(s.b[j >> 1][stage]) + (j & 1) * kBoxRows * kBK, &p.tmap_b,
+                      &s.full[stage], k, fp8_box_row(p, w.n_tile, j), e);
       }
       // Scales: one 32-bit word per row and stage (4 E8M0 bytes, or one float32). A row past
       // the tile, or a B row past b_rows, reads as word 0 (zero fill), as its values do.
       const int kw = k / kBK * kScaleBytesPerK128;
-      if constexpr (R == Recipe::kBlock || kMxBf16<R>) {  // words as stored
+      if constexpr (R == Recipe::kBlock) {
         cp_async_4(smem_u32(&s.sa[stage][0][t]), a_scale_row ? a_scale_row + kw : p.a_scale,
                    a_scale_row != nullptr);
         if (b_scale_thread) {
@@ -364,140 +247,9 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   }
 }
 
-// ---- kMxBf16's conversion (fp8_cvt_step) and mainloop (fp8_cvt_mainloop).
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// A row's kWords words of E4M3 bytes times its factors: 2 kWords bf16x2 words, in byte order.
-// Where a lane of the warp has e > 7 (|values| beyond 57344: rare), every lane multiplies by its
-// second factor (1 where its own e <= 7) behind one warp-uniform branch.
-template <int kWords>
-__device__ __forceinline__ void cvt_e4m3_row(const uint32_t (&w)[kWords], const Bf16Factors& f,
-                                             uint32_t (&r)[2 * kWords]) {
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) {
-    r[2 * i] = mul_bf16x2(e4m3x2_bf16x2_unscaled(w[i], 0), f.f1);
-    r[2 * i + 1] = mul_bf16x2(e4m3x2_bf16x2_unscaled(w[i], 1), f.f1);
-  }
-  if (__any_sync(0xFFFFFFFFu, f.two)) {
-#pragma unroll
-    for (int i = 0; i < 2 * kWords; ++i) r[i] = mul_bf16x2(r[i], f.f2);
-  }
-}
-
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
-// Step j (32 K) of ring stage `stage` into bf16 slot `slot`, by consumer thread t of warpgroup wg:
-// A's row 64 wg + t % 64, its 16 values at K 16 (t / 64) of the step, and B's row 128 wg + t (its
-// half wg, row t), all 32 values, each times 2^e of its row's E8M0 scale for the step (byte j of
-// the stage's word). Eight consecutive threads read eight rows' 16-byte chunks (the 128B swizzle
-// puts them in eight bank groups) and write eight rows' chunks (the 64B swizzle: rows 2i, 2i + 1
-// share a 128-byte line at different halves, and the four lines' chunks are XOR-ed apart): no
-// bank conflicts either way.
-template <class Smem>
-__device__ __forceinline__ void fp8_cvt_step(Smem& s, int stage, int j, int slot, int wg, int t) {
-  const int ra = 64 * wg + (t & 63), ha = t >> 6;
-  {
-    const uint4 q =
-        ld_shared_v4(smem_u32(s.a[stage]) + ra * 128 + (((2 * j + ha) ^ (ra & 7)) << 4));
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    uint32_t r[8];
-    cvt_e4m3_row(w, e8m0_bf16_factors((s.sa[stage][0][ra] >> (8 * j)) & 0xFFu), r);
-    const uint32_t dst = smem_u32(s.ca[slot]);
-    st_shared_v4(dst + fp8_cvt_offset(ra, 16 * ha), make_uint4(r[0], r[1], r[2], r[3]));
-    st_shared_v4(dst + fp8_cvt_offset(ra, 16 * ha + 8), make_uint4(r[4], r[5], r[6], r[7]));
-  }
-  const int nb = 128 * wg + t;
-  const uint32_t src = smem_u32(s.b[wg][stage]) + t * 128;
-  uint32_t w[8];
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const uint4 q = ld_shared_v4(src + (((2 * j + c) ^ (t & 7)) << 4));
-    w[4 * c] = q.x, w[4 * c + 1] = q.y, w[4 * c + 2] = q.z, w[4 * c + 3] = q.w;
-  }
-  uint32_t r[16];
-  cvt_e4m3_row(w, e8m0_bf16_factors((s.sb[stage][0][nb] >> (8 * j)) & 0xFFu), r);
-  const uint32_t dst = smem_u32(s.cb[slot]);
-#pragma unroll
-  for (int c = 0; c < 4; ++c)
-    st_shared_v4(dst + fp8_cvt_offset(nb, 8 * c),
-                 make_uint4(r[4 * c], r[4 * c + 1], r[4 * c + 2], r[4 * c + 3]));
-}
-
-// A tile's K loop with kMxBf16, into acc (the promoted path's order: value i + 64 h of half h is
-// value i + 64 h of the m64n256 accumulator, the same column). Per 32-K step c: convert c into slot
-// c % 3, fence, meet at the consumer barrier, issue c's wgmmas, wait until c - 1's are done. Slot
-// (c + 1) % 3, written next, was last read by step c - 2's wgmmas, which each warpgroup waited for
-// (step c - 1) before the barrier of step c: so one barrier a step orders the writes after the
-// reads, and each step's conversion runs while the previous step's wgmmas do. Both warpgroups
-// convert and multiply every step, also one whose rows are all past the tile's (zeros: the
-// producer zero-fills A, and a zero scale word gives factor 2^-7).
-template <class Smem>
-__device__ __forceinline__ void fp8_cvt_mainloop(Smem& s, const WorkTile& w, int& stage, int& phase,
-                                                 int& slot, int wg, int t, float (&acc)[128]) {
-  using namespace cute;
-  using Bf = cute::bfloat16_t;
-  using SlotLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<Bf>{},
-                                             Shape<Int<kBM>, Int<kCvtK>, Int<kCvtSlots>>{}));
-  using SlotLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<Bf>{},
-                                             Shape<Int<kBN>, Int<kCvtK>, Int<kCvtSlots>>{}));
-  using TiledMma = decltype(make_tiled_mma(
-      SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{},
-      Layout<Shape<_2, _1, _1>>{}));  // warpgroups split M
-  static_assert(sizeof(s.ca) == 2 * cosize(SlotLayoutA{}), "A slots");
-  static_assert(sizeof(s.cb) == 2 * cosize(SlotLayoutB{}), "B slots");
-  Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<Bf*>(&s.ca[0][0])), SlotLayoutA{});
-  Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<Bf*>(&s.cb[0][0])), SlotLayoutB{});
-  TiledMma mma;
-  mma.accumulate_ = GMMA::ScaleOut::One;
-  auto thr = mma.get_thread_slice(wg * 128 + t);
-  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,1,MMA_K,SLOTS) descriptors
-  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
-  Tensor accf = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});  // 128 f32
-  static_assert(decltype(size(accf))::value == 128, "128 accumulators per thread");
-  clear(accf);
-  consumer_sync();  // both warpgroups are done with the slots as the last tile's epilogue buffers
-  for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
-    mbar_wait(&s.full[stage], phase);
-#pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      fp8_cvt_step(s, stage, j, slot, wg, t);
-      fence_proxy_async();  // generic-proxy stores, read by wgmma through the async proxy
-      consumer_sync();
-      if (j == kSteps - 1 && t == 0) release_stage(&s.empty[stage]);  // read whole by both
-      warpgroup_fence_operand(accf);
-      warpgroup_arrive();
-      gemm(mma, tCrA(_, _, _, slot), tCrB(_, _, _, slot), accf);
-      warpgroup_commit_batch();
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(accf);
-      slot = slot + 1 == kCvtSlots ? 0 : slot + 1;
-    }
-    if (++stage == Smem::kStages) stage = 0, phase ^= 1;
-  }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(accf);
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = accf(i);
-}
-
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s_prefix,
-                             const int* s_offset, int wg, int t, uint32_t rank) {
+                             const int* s_offset, int wg, int t) {
   using namespace cute;
   using Elem = cute::float_e4m3_t;
   constexpr int kStages = Fp8Smem<R>::kStages;
@@ -521,125 +273,93 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   static_assert(decltype(size(part))::value == 64, "64 accumulators per thread and half");
   float acc[128];  // value i + 64 h: half h, in the wgmma order of a 64 x 256 warpgroup tile
   const int r0 = 64 * wg + frag_row(0, t), r1 = 64 * wg + frag_row(2, t);
-  const int total = fp8_total_tiles<kShape>(p, s_prefix);
+  const int total = total_tiles<kScheduleOf<kShape>>(p, s_prefix);
   // The SwiGLU epilogues in bf16 keep the tile's last stage as their buffers
   // (epilogue_staged.cuh); routed-M tiles have K > 0, so there is always one.
   constexpr bool kHeld =
       kShape == TileShape::kRoutedM && std::is_same_v<T, bf16> &&
       (kEpi == Epi8::kGluQuant || kEpi == Epi8::kSwiGLUBwd || kEpi == Epi8::kStoreGLU);
   int stage = 0, phase = 0, held = 0;
-  int slot = 0;  // kMxBf16: the next bf16 slot
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
-    int tile;
-    if (!dynamic)
-      tile = static_tile(it);
-    else if constexpr (kCluster == 1)
-      tile = next_tile(s.tiles, walk);
-    else
-      tile = pair_next_tile(s.tiles, walk);
+    const int tile =
+        dynamic ? next_tile(s.tiles, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
     if (tile < 0 || tile >= total) break;
-    bool shared;
-    const WorkTile w = fp8_decode_tile<kShape>(p, tile, s_prefix, s_offset, rank, shared);
+    const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
-    if constexpr (kMxBf16<R>) {
-      fp8_cvt_mainloop(s, w, stage, phase, slot, wg, t, acc);
-    } else {
 #pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-      // A routed-M warpgroup none of whose 64 rows is in the tile (an expert with at most 64
-      // positions in its last tile: decode-sized batches) issues no wgmma and no promotion; it
-      // still waits for each stage to fill before handing it back, so its arrivals stay in step
-      // with the ring. Its accumulators stay zero, and no epilogue stores a row past w.rows.
-      // (The weight gradients' M is H or F: a multiple of 128 in the FP8 layer; with pairs, the
-      // second m-tile of an odd count has no rows and idles in both warpgroups.)
-      const bool idle = (kShape == TileShape::kRoutedM || kCluster > 1) && 64 * wg >= w.rows;
-      for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
-        mbar_wait(&s.full[stage], phase);
-        fence_proxy_async();  // cp.async wrote A through the generic proxy; wgmma reads async
-        if (!idle) {
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    // A routed-M warpgroup none of whose 64 rows is in the tile (an expert with at most 64
+    // positions in its last tile: decode-sized batches) issues no wgmma and no promotion; it
+    // still waits for each stage to fill before handing it back, so its arrivals stay in step
+    // with the ring. Its accumulators stay zero, and no epilogue stores a row past w.rows.
+    // (The weight gradients' M is H or F: a multiple of 128 in the FP8 layer.)
+    const bool idle = kShape == TileShape::kRoutedM && 64 * wg >= w.rows;
+    for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
+      mbar_wait(&s.full[stage], phase);
+      fence_proxy_async();  // cp.async wrote A through the generic proxy; wgmma reads async
+      if (!idle) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-            for (int g = 0; g < kSteps / kGroupSteps<R>; ++g) {
-              // One promotion group is one wgmma batch: a single fence before its first wgmma and
-              // a single commit after its last. A fence or commit between two wgmmas of a batch
-              // makes each wait for the previous one's accumulator (SASS: an ARRIVE and a
-              // scoreboard per QGMMA), so the steps would run one latency apart instead of back to
-              // back in the tensor pipe.
-              mma.accumulate_ = GMMA::ScaleOut::Zero;
-              warpgroup_fence_operand(part);
-              warpgroup_arrive();
+          for (int g = 0; g < kSteps / kGroupSteps<R>; ++g) {
+            // One promotion group is one wgmma batch: a single fence before its first wgmma and
+            // a single commit after its last. A fence or commit between two wgmmas of a batch
+            // makes each wait for the previous one's accumulator (SASS: an ARRIVE and a
+            // scoreboard per QGMMA), so the steps would run one latency apart instead of back to
+            // back in the tensor pipe.
+            mma.accumulate_ = GMMA::ScaleOut::Zero;
+            warpgroup_fence_operand(part);
+            warpgroup_arrive();
 #pragma unroll
-              for (int j = g * kGroupSteps<R>; j < (g + 1) * kGroupSteps<R>; ++j) {
-                if (h == 0)
-                  gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
-                else
-                  gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
-                mma.accumulate_ = GMMA::ScaleOut::One;
-              }
-              warpgroup_commit_batch();
-              warpgroup_wait<0>();
-              warpgroup_fence_operand(part);
-              const int js = R == Recipe::kMx ? g : 0;  // the group's scale step
-              const float a0 = __uint_as_float(s.sa[stage][js][r0]);
-              const float a1 = __uint_as_float(s.sa[stage][js][r1]);
-              if constexpr (kBPerRow) {
-                const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
+            for (int j = g * kGroupSteps<R>; j < (g + 1) * kGroupSteps<R>; ++j) {
+              if (h == 0)
+                gemm(mma, tCrA(_, _, j, stage), tCrB0(_, _, j, stage), part);
+              else
+                gemm(mma, tCrA(_, _, j, stage), tCrB1(_, _, j, stage), part);
+              mma.accumulate_ = GMMA::ScaleOut::One;
+            }
+            warpgroup_commit_batch();
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(part);
+            const int js = R == Recipe::kMx ? g : 0;  // the group's scale step
+            const float a0 = __uint_as_float(s.sa[stage][js][r0]);
+            const float a1 = __uint_as_float(s.sa[stage][js][r1]);
+            if constexpr (kBPerRow) {
+              const float* sb = reinterpret_cast<const float*>(&s.sb[stage][js][h * kHalfN]);
 #pragma unroll
-                for (int i = 0; i < 64; ++i)
-                  acc[i + 64 * h] =
-                      fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
-              } else {
-                const float b = __uint_as_float(s.sb[stage][0][h]);
-                const float f0 = a0 * b, f1 = a1 * b;
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] =
+                    fmaf(part(i) * sb[frag_col(i, t)], ((i >> 1) & 1) ? a1 : a0, acc[i + 64 * h]);
+            } else {
+              const float b = __uint_as_float(s.sb[stage][0][h]);
+              const float f0 = a0 * b, f1 = a1 * b;
 #pragma unroll
-                for (int i = 0; i < 64; ++i)
-                  acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
-              }
+              for (int i = 0; i < 64; ++i)
+                acc[i + 64 * h] = fmaf(part(i), ((i >> 1) & 1) ? f1 : f0, acc[i + 64 * h]);
             }
           }
         }
-        if (kHeld && k0 + kBK >= w.k_len)
-          held = stage;
-        else if (t == 0)
-          release_stage(&s.empty[stage]);  // this warpgroup is done with the stage
-        if (++stage == kStages) stage = 0, phase ^= 1;
       }
-    }
-    if constexpr (kCluster > 1) {
-      if (w.rows <= 0) {  // a pair's missing m-tile: no epilogue; the held stage goes back
-        if constexpr (kHeld && !kMxBf16<R>) {
-          warpgroup_sync(wg);
-          if (t == 0) release_stage(&s.empty[held]);
-        }
-        continue;
-      }
+      if (kHeld && k0 + kBK >= w.k_len)
+        held = stage;
+      else if (t == 0)
+        mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
+      if (++stage == kStages) stage = 0, phase ^= 1;
     }
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kHeld) {
-      consumer_sync();  // both warpgroups' wgmmas are done reading the held stage (the slots)
-      EpiBuffers eb;
-      if constexpr (kMxBf16<R>)  // 3 x 16 KB of B slots, 1024-aligned
-        eb = held_buffers(smem_u32(s.cb[0]), smem_u32(s.cb[1]), smem_u32(s.cb[2]), wg);
-      else
-        eb = held_buffers(smem_u32(s.a[held]), smem_u32(s.b[0][held]), smem_u32(s.b[1][held]), wg);
+      consumer_sync();  // both warpgroups' wgmmas are done reading the held stage
+      const EpiBuffers eb =
+          held_buffers(smem_u32(s.a[held]), smem_u32(s.b[0][held]), smem_u32(s.b[1][held]), wg);
       if constexpr (kEpi == Epi8::kGluQuant)
         glu_quant_epilogue<R, T, true>(p, w, acc, wg, t, eb);
       else if constexpr (kEpi == Epi8::kSwiGLUBwd)
         swiglu_bwd_staged<kBN>(p.epi, w, value, wg, t, eb);
       else
         glu_staged<Epi::kStoreGLU, kBN>(p.epi, w, value, wg, t, eb);
-      if constexpr (kMxBf16<R>) {
-        // no ring stage held; the next tile's mainloop starts at a consumer barrier
-      } else if constexpr (kCluster == 1) {
-        release_held_stage(&s.empty[held], wg, t);
-      } else {
-        fence_proxy_async();  // as release_held_stage, arriving on both CTAs' barrier
-        warpgroup_sync(wg);
-        if (t == 0) release_stage<true>(&s.empty[held]);
-      }
+      release_held_stage(&s.empty[held], wg, t);
     } else if constexpr (kEpi == Epi8::kGluQuant) {
       glu_quant_epilogue<R, T, false>(p, w, acc, wg, t, EpiBuffers{});
     } else {
@@ -674,43 +394,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* s_offset = s_prefix + p.experts + 1;                           // expert_offset / k_offset
   const int* prefix_src = kShape == TileShape::kExpertK ? p.k_offset : p.mtile_prefix;
   const int* offset_src = kShape == TileShape::kExpertK ? p.k_offset : p.expert_offset;
-  constexpr bool kPairPrefix = kCluster > 1 && kShape == TileShape::kRoutedM;
-  if constexpr (kPairPrefix) {
-    if (threadIdx.x < 32) pair_prefix(p.mtile_prefix, p.experts, p.n_tiles, s_prefix, threadIdx.x);
-  }
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
-    if constexpr (!kPairPrefix) s_prefix[i] = prefix_src[i];
+    s_prefix[i] = prefix_src[i];
     s_offset[i] = offset_src[i];
   }
   if (threadIdx.x == 0) {
     for (int i = 0; i < Fp8Smem<R>::kStages; ++i) {
       mbar_init(&s.full[i], kFullArrivals<R>);
-      mbar_init(&s.empty[i], 2 * kCluster);  // one thread per consumer warpgroup (per CTA)
+      mbar_init(&s.empty[i], 2);  // one thread per consumer warpgroup
     }
-    if constexpr (kCluster == 1) {
-      init_tile_ring(s.tiles);
-    } else {
-      init_pair_tile_ring(s.tiles);
-      fence_barrier_init();
-    }
+    init_tile_ring(s.tiles);
   }
-  if constexpr (kCluster == 1)
-    __syncthreads();
-  else
-    cluster_sync();  // both CTAs' barriers exist before either arrives on the other's
-  const uint32_t rank = kCluster == 1 ? 0u : cluster_rank();
+  __syncthreads();
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
-    fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t, rank);
+    fp8_producer<R, kShape, kBPerRow>(p, s, s_prefix, s_offset, t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t, rank);
+    fp8_consumer<R, kShape, kBPerRow, kEpi, T>(p, s, s_prefix, s_offset, wg - 1, t);
   }
-  // The partner may still arrive on this CTA's barriers and write its shared memory until it
-  // passes here.
-  if constexpr (kCluster > 1) cluster_sync();
 #endif
 }
 
@@ -721,13 +425,8 @@ cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t st
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  if constexpr (kCluster == 1) {
-    kernel<<<num_sms, kThreads, smem, stream>>>(p);
-    return cudaGetLastError();
-  } else {
-    return launch_clusters<fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>, kCluster>(
-        p, kThreads, smem, num_sms, stream);
-  }
+  kernel<<<num_sms, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mok::cuda::fp8

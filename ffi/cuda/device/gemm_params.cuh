@@ -18,17 +18,6 @@ constexpr int kSimtBN = 128;   // output columns per SIMT tile (simt.cuh)
 
 enum class Mode { kRoutedBN, kRoutedBK, kRoutedK };
 
-// CTAs per cluster of the wgmma routed-M GEMMs: 1, or 2 for m-tile pairs that share their weight
-// tile by TMA multicast (cluster.cuh; the weight's tensor map then has half-width boxes,
-// host/tma.h). The routed-K GEMMs (weight gradients) run alone. A build choice (CMake
-// JAX_MOK_BF16_CLUSTER) until a GPU A/B decides it.
-#ifndef JAX_MOK_BF16_CLUSTER
-#define JAX_MOK_BF16_CLUSTER 1
-#endif
-static_assert(JAX_MOK_BF16_CLUSTER == 1 || JAX_MOK_BF16_CLUSTER == 2, "JAX_MOK_BF16_CLUSTER");
-template <Mode kMode>
-constexpr int kClusterOf = kMode == Mode::kRoutedK ? 1 : JAX_MOK_BF16_CLUSTER;
-
 enum class Epi {
   kSwiGLU,      // a[p, f] = silu(h_gate) * h_up                       (x.dtype)
   kWeighted,    // y_part[p, n] = w[p] * acc                              (x.dtype)

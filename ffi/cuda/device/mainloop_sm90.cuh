@@ -15,7 +15,6 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
-#include "cuda/device/cluster.cuh"
 #include "cuda/device/epilogue_staged.cuh"
 #include "cuda/device/pipeline.cuh"
 
@@ -148,38 +147,10 @@ __device__ __forceinline__ void zero_tail_rows(uint32_t stage_a, uint32_t stage_
 // B boxes of one stage (one thread): 4 boxes of 64(n)×64(k) (N-major B) or one of 64(k)×256(n)
 // (K-major B). Out-of-range boxes are zero-filled and still count their full size; gate columns
 // past F read up columns, which the epilogue masks.
-// With pairs (kClusterOf 2) and `shared`, this CTA's half of the tile goes into both CTAs.
 template <Mode kMode, int BN>
 __device__ __forceinline__ void tma_weight_tile(const GemmParams& p, const WorkTile& w, int k0,
-                                                uint32_t stage_b, uint64_t* bar, uint32_t rank,
-                                                bool shared) {
-  if constexpr (kClusterOf<kMode> == 2 && kMode == Mode::kRoutedBK) {
-    if (!shared) {  // the whole tile in the pair build's half-width boxes (host/tma.h)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        tma_load_3d(stage_b + h * (BN / 2) * 128, &p.tmap_b, bar, k0, w.n_tile * BN + h * (BN / 2),
-                    w.expert);
-      return;
-    }
-  }
-  if (kClusterOf<kMode> == 2 && shared) {
-    // N-major boxes 2 rank, 2 rank + 1 of 64 n; K-major one box of 128 n.
-    constexpr uint16_t kBoth = 0b11;
-    if constexpr (kMode == Mode::kRoutedBN) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int j = 2 * static_cast<int>(rank) + i, half = BN / 2;
-        const int n = p.glu ? (64 * j < half ? w.n_tile * half + 64 * j
-                                             : p.glu_offset + w.n_tile * half + 64 * j - half)
-                            : w.n_tile * BN + 64 * j;
-        tma_load_3d_multicast(stage_b + j * 8192, &p.tmap_b, bar, n, k0, w.expert, kBoth);
-      }
-    } else {
-      const int half = static_cast<int>(rank) * (BN / 2);
-      tma_load_3d_multicast(stage_b + half * 128, &p.tmap_b, bar, k0, w.n_tile * BN + half,
-                            w.expert, kBoth);
-    }
-  } else if constexpr (kMode == Mode::kRoutedBN) {
+                                                uint32_t stage_b, uint64_t* bar) {
+  if constexpr (kMode == Mode::kRoutedBN) {
 #pragma unroll
     for (int j = 0; j < BN / 64; ++j) {
       const int half = BN / 2;
@@ -288,13 +259,12 @@ __device__ void wgrad_gathered_producer(const GemmParams& p, const int* s_prefix
 template <Mode kMode, bool kTmaA, int kRing>
 __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_offset,
                          int64_t* s_rows, TileRing& ring, uint64_t* full, uint64_t* empty,
-                         uint32_t sa, uint32_t sb, int t, uint32_t rank) {
+                         uint32_t sa, uint32_t sb, int t) {
   using Cfg = WgmmaConfig<kMode, kTmaA, kRing>;
-  constexpr bool kPair = kClusterOf<kMode> == 2;
   using LA = typename Cfg::SmemLayoutA;
   constexpr int BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   const bf16* a = static_cast<const bf16*>(p.a);
-  const int total = kPair ? pair_total_tiles(p, s_prefix) : total_tiles<kMode>(p, s_prefix);
+  const int total = total_tiles<kMode>(p, s_prefix);
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   if constexpr (kTmaA) {
@@ -304,21 +274,12 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
     // accumulator rows are never stored.
     if (t != 0) return;
     for (int it = 0;; ++it) {
-      int tile;
-      if constexpr (!kPair)
-        tile = dynamic ? take_tile(ring, walk, p.tile_counter, total)
-                       : static_cast<int>(blockIdx.x + it * gridDim.x);
-      else if (!dynamic)
-        tile = static_cast<int>(blockIdx.x / 2 + it * (gridDim.x / 2));
-      else
-        tile = rank == 0 ? pair_take_tile(ring, walk, p.tile_counter, total)
-                         : pair_receive_tile(ring, walk);
+      const int tile = dynamic ? take_tile(ring, walk, p.tile_counter, total)
+                               : static_cast<int>(blockIdx.x + it * gridDim.x);
       if (tile < 0 || tile >= total) break;
-      bool shared = false;
-      const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared)
-                               : decode_tile<kMode>(p, tile, s_prefix, s_offset);
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        mbar_wait(&empty[stage], phase ^ 1);  // with pairs: both CTAs' consumers
+        mbar_wait(&empty[stage], phase ^ 1);
         const uint32_t stage_a = sa + stage * Cfg::kStageBytesA;
         const uint32_t stage_b = sb + stage * Cfg::kStageBytesB;
         mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytesA + Cfg::kStageBytesB);
@@ -333,7 +294,7 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
             tma_load_2d(stage_b + j * 8192, &p.tmap_b, &full[stage], w.n_tile * BN + 64 * j, pos);
         } else {
           tma_load_2d(stage_a, &p.tmap_a, &full[stage], k0, w.row0);
-          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage], rank, shared);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[stage]);
         }
         // PipelineState::advance written out: through the struct, nvcc selects other (equivalent)
         // instructions for this single-thread loop, and tools/ptx_compare.py holds this kernel
@@ -351,18 +312,10 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
     PipelineState<kStages> pipe;
     const int kc = (t & 7) * 8;  // this thread's 8 contiguous k of A
     for (int it = 0;; ++it) {
-      int tile;
-      if constexpr (!kPair)
-        tile = dynamic ? producer_tile(ring, walk, p.tile_counter, total, t)
-                       : static_cast<int>(blockIdx.x + it * gridDim.x);
-      else if (!dynamic)
-        tile = static_cast<int>(blockIdx.x / 2 + it * (gridDim.x / 2));
-      else
-        tile = pair_producer_tile(ring, walk, p.tile_counter, total, t, rank);
+      const int tile = dynamic ? producer_tile(ring, walk, p.tile_counter, total, t)
+                               : static_cast<int>(blockIdx.x + it * gridDim.x);
       if (tile < 0 || tile >= total) break;
-      bool shared = false;
-      const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared)
-                               : decode_tile<kMode>(p, tile, s_prefix, s_offset);
+      const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
       producer_sync();  // the previous tile's offsets are no longer read
       const int pos = w.row0 + t;
       s_rows[t] = t < w.rows ? (p.a_gather ? (int64_t)p.a_gather[pos] : (int64_t)pos) * p.lda : -1;
@@ -374,7 +327,7 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
         a_src[i] = off >= 0 ? a + off + kc : nullptr;
       }
       for (int k0 = 0; k0 < w.k_len; k0 += BK) {
-        mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);  // with pairs: both CTAs' consumers
+        mbar_wait(&empty[pipe.stage], pipe.phase ^ 1);
         const uint32_t stage_a = sa + pipe.stage * Cfg::kStageBytesA;
         const uint32_t stage_b = sb + pipe.stage * Cfg::kStageBytesB;
         const bool k_ok = k0 + kc < p.K;
@@ -384,8 +337,8 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
           cp_async_16(stage_a + swizzled<LA>((t >> 3) + 16 * i, kc), ok ? a_src[i] + k0 : a, ok);
         }
         if (t == 0) {
-          mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);  // all of B
-          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[pipe.stage], rank, shared);
+          mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);
+          tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[pipe.stage]);
         }
         mbar_arrive_cp_async(&full[pipe.stage]);
         pipe.advance();
@@ -401,21 +354,9 @@ template <Mode kMode, Epi kEpi, bool kTmaA, bool kStagedOut>
 __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefix,
                                          const int* s_offset, cute::bfloat16_t* ring_a,
                                          cute::bfloat16_t* ring_b, TileRing& ring, uint64_t* full,
-                                         uint64_t* empty, char* out_stage, int wg, int t,
-                                         uint32_t rank) {
+                                         uint64_t* empty, char* out_stage, int wg, int t) {
   using namespace cute;
   using Cfg = WgmmaConfig<kMode, kTmaA, kRingStages<kMode, kStagedOut>>;
-  constexpr bool kPair = kClusterOf<kMode> == 2;
-  // A warpgroup hands a stage back: to its producer, and with pairs to both CTAs' (either
-  // writes B into both shared memories). Only read: no release needed (mbar_arrive_remote).
-  auto release = [](uint64_t* bar) {
-    if constexpr (kPair) {
-      mbar_arrive_remote(cluster_smem(smem_u32(bar), 0));
-      mbar_arrive_remote(cluster_smem(smem_u32(bar), 1));
-    } else {
-      mbar_arrive(bar);
-    }
-  };
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, kStages = Cfg::kStages;
   Tensor sA = make_tensor(make_smem_ptr(ring_a), typename Cfg::SmemLayoutA{});  // (BM,BK,STAGES)
   Tensor sB = make_tensor(make_smem_ptr(ring_b), typename Cfg::SmemLayoutB{});  // (BN,BK,STAGES)
@@ -425,7 +366,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA,MMA_M,MMA_K,STAGES) descriptors
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA,MMA_N,MMA_K,STAGES)
   Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});  // (MMA,MMA_M,MMA_N) f32
-  const int total = kPair ? pair_total_tiles(p, s_prefix) : total_tiles<kMode>(p, s_prefix);
+  const int total = total_tiles<kMode>(p, s_prefix);
   // The SwiGLU epilogues keep the tile's last stage as their buffers (epilogue_staged.cuh);
   // routed-M tiles have K > 0, so there is always one.
   constexpr bool kHeld =
@@ -435,17 +376,10 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
   for (int it = 0;; ++it) {
-    int tile;
-    if constexpr (!kPair)
-      tile = dynamic ? next_tile(ring, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
-    else if (!dynamic)
-      tile = static_cast<int>(blockIdx.x / 2 + it * (gridDim.x / 2));
-    else
-      tile = pair_next_tile(ring, walk);
+    const int tile =
+        dynamic ? next_tile(ring, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
     if (tile < 0 || tile >= total) break;
-    bool shared = false;
-    const WorkTile w = kPair ? decode_pair_routed(p, tile, s_prefix, s_offset, rank, shared)
-                             : decode_tile<kMode>(p, tile, s_prefix, s_offset);
+    const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
     if constexpr (kEpi == Epi::kSwiGLUBwd) prefetch_h_to_l2<BN>(p, w, wg - 1, t);
     clear(acc);
     int prev = -1;
@@ -493,19 +427,11 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
           first_steps(Int<3>{});
       }
       warpgroup_fence_operand(acc);
-      if (prev >= 0 && t == 0) release(&empty[prev]);
+      if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
       prev = pipe.stage;
       pipe.advance();
     }
     warpgroup_wait<0>();
-    if constexpr (kPair) {
-      // A pair's missing m-tile (rows == 0): its wgmmas ran on zero or unused rows; no
-      // epilogue, the last stage goes back to both producers.
-      if (w.rows <= 0) {
-        if (t == 0) release(&empty[prev]);
-        continue;
-      }
-    }
     if constexpr (kHeld) {
       static_assert(Cfg::kStageBytesA == 16384 && Cfg::kStageBytesB == 32768, "six 8 KB areas");
       consumer_sync();  // both warpgroups' wgmmas are done reading stage `prev`
@@ -517,21 +443,10 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
         swiglu_bwd_staged<BN>(p, w, value, wg - 1, t, eb);
       else
         glu_staged<kEpi, BN>(p, w, value, wg - 1, t, eb);
-      if constexpr (kPair) {
-        // As release_held_stage, arriving on both CTAs' barrier at cluster scope: the epilogue
-        // wrote the stage, which the partner's TMA refills.
-        fence_proxy_async();
-        warpgroup_sync(wg - 1);
-        if (t == 0) {
-          mbar_arrive_cluster(cluster_smem(smem_u32(&empty[prev]), 0));
-          mbar_arrive_cluster(cluster_smem(smem_u32(&empty[prev]), 1));
-        }
-      } else {
-        release_held_stage(&empty[prev], wg - 1, t);
-      }
+      release_held_stage(&empty[prev], wg - 1, t);
       continue;
     }
-    if (prev >= 0 && t == 0) release(&empty[prev]);
+    if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
     if constexpr (kStagedOut) {
       constexpr bool kWhole = kWholeTileStaging<kMode, kStagedOut>;
       store_rows_staged<kEpi, BN, true, kWhole>(
@@ -579,32 +494,19 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
   char* out_stage = reinterpret_cast<char*>(s_offset + p.experts + 1) +
                     (((tables_end + kSmemAlign - 1) & ~uint32_t{kSmemAlign - 1}) - tables_end);
 
-  constexpr int kCluster = kClusterOf<kMode>;
-  if constexpr (kCluster == 2) {  // the pair prefix (cluster.cuh)
-    if (threadIdx.x < 32) pair_prefix(p.mtile_prefix, p.experts, p.n_tiles, s_prefix, threadIdx.x);
-  }
   for (int i = threadIdx.x; i <= p.experts; i += blockDim.x) {
-    if constexpr (kCluster == 1) s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
+    s_prefix[i] = p.mtile_prefix ? p.mtile_prefix[i] : 0;
     s_offset[i] = p.expert_offset[i];
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       // every producer thread arrives once its copies land (+1: the TMA expect_tx arrival)
       mbar_init(&full[s], kTmaA ? 1 : 129);
-      mbar_init(&empty[s], 2 * kCluster);  // one thread per consumer warpgroup (per CTA)
+      mbar_init(&empty[s], 2);  // one thread per consumer warpgroup
     }
-    if constexpr (kCluster == 1) {
-      init_tile_ring(ring);
-    } else {
-      init_pair_tile_ring(ring);
-      fence_barrier_init();
-    }
+    init_tile_ring(ring);
   }
-  if constexpr (kCluster == 1)
-    __syncthreads();
-  else
-    cluster_sync();  // both CTAs' barriers exist before either arrives on the other's
-  const uint32_t rank = kCluster == 1 ? 0u : cluster_rank();
+  __syncthreads();
 
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 0) {
@@ -612,15 +514,12 @@ __global__ void __launch_bounds__(384, 1) wgmma_gemm_kernel(const __grid_constan
     if (t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_b) : "memory");
     if (kTmaA && t == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.tmap_a) : "memory");
     producer<kMode, kTmaA, kRing>(p, s_prefix, s_offset, s_rows, ring, full, empty,
-                                  smem_u32(ring_a), smem_u32(ring_b), t, rank);
+                                  smem_u32(ring_a), smem_u32(ring_b), t);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n");
     consumer<kMode, kEpi, kTmaA, kStagedOut>(p, s_prefix, s_offset, ring_a, ring_b, ring, full,
-                                             empty, out_stage, wg, t, rank);
+                                             empty, out_stage, wg, t);
   }
-  // The partner may still arrive on this CTA's barriers and write its shared memory until it
-  // passes here (every thread comes here, the producer's idle ones included).
-  if constexpr (kCluster > 1) cluster_sync();
 #endif
 }
 
@@ -632,13 +531,8 @@ cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t str
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  if constexpr (kClusterOf<kMode> == 1) {
-    kernel<<<num_sms, Cfg::kThreads, smem, stream>>>(p);
-    return cudaGetLastError();
-  } else {
-    return launch_clusters<wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>, 2>(
-        p, Cfg::kThreads, smem, num_sms, stream);
-  }
+  kernel<<<num_sms, Cfg::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mok::cuda

@@ -90,8 +90,7 @@ inline ffi::Error EncodeError(CUresult result, const GemmNames& names, const cha
 }
 
 // B of expert e is [K][N] (kRoutedBN: N contiguous, boxes 64 n × 64 k) or [N][K] (kRoutedBK:
-// K contiguous, one box 64 k × 256 n, or with pairs 64 k x 128 n: each CTA of a pair loads one);
-// per expert, dimension 1 ends at the expert's K or N.
+// K contiguous, one box 64 k × 256 n); per expert, dimension 1 ends at the expert's K or N.
 inline ffi::Error MakeWeightTensorMap(GemmParams& p, Mode mode, const GemmNames& names) {
   MOK_CHECK(mode != Mode::kRoutedK, names.phase, ": a routed-K GEMM has no weight operand");
   const bool n_major = mode == Mode::kRoutedBN;
@@ -99,8 +98,7 @@ inline ffi::Error MakeWeightTensorMap(GemmParams& p, Mode mode, const GemmNames&
   const cuuint64_t outer = static_cast<cuuint64_t>(n_major ? p.K : p.N);
   const cuuint64_t dims[3] = {inner, outer, static_cast<cuuint64_t>(p.experts)};
   const cuuint64_t strides[2] = {inner * 2, static_cast<cuuint64_t>(p.b_expert_stride) * 2};
-  const cuuint32_t box[3] = {
-      64, n_major ? 64u : static_cast<cuuint32_t>(kWgmmaBN / kClusterOf<Mode::kRoutedBK>), 1};
+  const cuuint32_t box[3] = {64, n_major ? 64u : static_cast<cuuint32_t>(kWgmmaBN), 1};
   return EncodeError(EncodeBf16Status(&p.tmap_b, p.b, 3, dims, strides, box), names, names.b,
                      StrCat("(bfloat16 [E=", p.experts, ", ", outer, ", ", inner,
                             "], expert stride ", p.b_expert_stride, " elements)"),
