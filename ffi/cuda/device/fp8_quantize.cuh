@@ -357,13 +357,20 @@ __global__ void __launch_bounds__(256)
   }
 
   // Along A: thread (column c, block q) quantizes rows 32q..32q+31 of column c (consecutive
-  // threads read consecutive columns: no bank conflicts) and writes them as two 16-byte vectors
-  // of output row b0 + c. mxfp8: the 4 block bytes of output row b0 + c (two threads' two
-  // passes) meet in shared memory and leave as one 32-bit store per row; stored byte by byte,
-  // they were a third of the tile's store transactions, each a 1-byte partial sector.
+  // threads read consecutive columns: no bank conflicts): 32 bytes of output row b0 + c. The
+  // transposed FP8 tile is staged in shared memory over the input tile (once every thread has
+  // read its columns) and leaves as whole 128-byte rows, a quarter-warp per row: written from the
+  // registers, each warp store was 16-byte pieces of 32 rows, and the pass ran at ~78 % of the
+  // HBM rate with the SM-to-L2 crossbar 82 % busy (docs/perf-notes.md). mxfp8: the 4 block bytes
+  // of output row b0 + c (two threads' two passes) meet in shared memory and leave as one 32-bit
+  // store per row; stored byte by byte, they were a third of the tile's store transactions.
   if (along_a.values) {
     __shared__ uint32_t row_scales[kWTile];
+    constexpr int kOutLd = kWTile + 16;  // staged row stride (bytes): a quarter-warp's 16-byte
+                                         // stores to 8 consecutive rows hit distinct banks
+    static_assert(kOutLd * kWTile <= static_cast<int>(kWeightSmemBytes<T>), "staging fits");
     const int c = tid & 127;
+    uint4 out[2][2];  // pass, half: 32 bytes of output row b0 + c at 32 q
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
       const int q = (tid >> 7) + 2 * pass;
@@ -384,15 +391,29 @@ __global__ void __launch_bounds__(256)
             quantize_pair<R>(make_float2(col[4 * j], col[4 * j + 1]), s) |
             (static_cast<uint32_t>(quantize_pair<R>(make_float2(col[4 * j + 2], col[4 * j + 3]), s))
              << 16);
-      const int64_t row = e * b_dim + b0 + c;
-      uint4* dst = reinterpret_cast<uint4*>(along_a.values + row * a_dim + a0 + 32 * q);
-      dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
-      dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
+      out[pass][0] = make_uint4(words[0], words[1], words[2], words[3]);
+      out[pass][1] = make_uint4(words[4], words[5], words[6], words[7]);
       if constexpr (R == Recipe::kMx)
         reinterpret_cast<uint8_t*>(row_scales)[4 * c + q] = static_cast<uint8_t>(s.stored);
     }
+    __syncthreads();  // every thread has read its columns (and along B its rows) of the tile
+    uint8_t* staged = reinterpret_cast<uint8_t*>(weight_tile_raw);  // [128][kOutLd]
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int q = (tid >> 7) + 2 * pass;
+      uint4* dst = reinterpret_cast<uint4*>(staged + c * kOutLd + 32 * q);
+      dst[0] = out[pass][0];
+      dst[1] = out[pass][1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // 128 rows x 8 chunks of 16 bytes
+      const int i = tid + 256 * k, r = i >> 3, chunk = i & 7;
+      const int64_t row = e * b_dim + b0 + r;
+      *reinterpret_cast<uint4*>(along_a.values + row * a_dim + a0 + 16 * chunk) =
+          *reinterpret_cast<const uint4*>(staged + r * kOutLd + 16 * chunk);
+    }
     if constexpr (R == Recipe::kMx) {
-      __syncthreads();
       if (tid < kWTile)  // a_dim / 32 and a0 / 32 are multiples of 4: aligned words
         *reinterpret_cast<uint32_t*>(along_a.scales + (e * b_dim + b0 + tid) * (a_dim / 32) +
                                      a0 / 32) = row_scales[tid];
