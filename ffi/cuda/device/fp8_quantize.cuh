@@ -359,9 +359,9 @@ __global__ void __launch_bounds__(256)
   // Along A: thread (column c, block q) quantizes rows 32q..32q+31 of column c (consecutive
   // threads read consecutive columns: no bank conflicts): 32 bytes of output row b0 + c. The
   // transposed FP8 tile is staged in shared memory over the input tile (once every thread has
-  // read its columns) and leaves as whole 128-byte rows, a quarter-warp per row: written from the
-  // registers, each warp store was 16-byte pieces of 32 rows, and the pass ran at ~78 % of the
-  // HBM rate with the SM-to-L2 crossbar 82 % busy (docs/perf-notes.md). mxfp8: the 4 block bytes
+  // read its columns) and leaves as whole 128-byte rows, a quarter-warp per row, so that a warp
+  // store writes 4 full rows rather than 16-byte pieces of 32 rows (which kept the SM-to-L2
+  // crossbar busy and the pass below the HBM rate). mxfp8: the 4 block bytes
   // of output row b0 + c (two threads' two passes) meet in shared memory and leave as one 32-bit
   // store per row; stored byte by byte, they were a third of the tile's store transactions.
   if (along_a.values) {
