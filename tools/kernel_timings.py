@@ -312,7 +312,7 @@ def compile_times(shapes: list[str], quantizations: list[str]) -> None:
 def quantizers(shapes: list[str], recipes: list[str]) -> None:
     """Bandwidth of the CUDA quantizers (bytes read + written / time per call, calls back to
     back) against the HBM copy: the expert weights in one pass (both layouts, and the forward's
-    alone), x's rows."""
+    alone), x's rows, and rows of dh's size ([T k, 2F], the backward's largest row pass)."""
     from benchmarks.ceilings import _jax_copy
     from jax_mok.kernels import _ffi
 
@@ -334,13 +334,17 @@ def _quantizers_one_shape(name: str, recipes: list[str], copy: float) -> None:
 
     x, ids, w, wgu, wd, dy = inputs(name)
     del ids, w, dy
+    s = shape(name)
+    # The backward's `quantize dh` pass: [T k, 2F] rows (the largest row pass of a step).
+    dh = jax.random.normal(jax.random.key(2), (s.tokens * s.top_k, 2 * s.ffn), jnp.bfloat16)
     for recipe in recipes:
         cases = (
             ("weights, both layouts",
              functools.partial(targets.quantize_weight_both, recipe=recipe), (wgu, wd), 2),
             ("weights, forward layout",
              functools.partial(targets.quantize_weight, recipe=recipe, axis=1), (wgu, wd), 1),
-            ("x rows", functools.partial(targets.quantize_rows, recipe=recipe), (x,), 1))
+            ("x rows", functools.partial(targets.quantize_rows, recipe=recipe), (x,), 1),
+            ("dh rows", functools.partial(targets.quantize_rows, recipe=recipe), (dh,), 1))
         for what, fn, arrays, out_per_elem in cases:
             jitted = jax.jit(fn)
             seconds = sum(back_to_back_s(jitted, a) for a in arrays)

@@ -1,7 +1,7 @@
 // FP8 quantization kernels of the layer (formats: fp8_format.cuh), and the FP8 GEMMs' schedule.
 //   quantize_rows     : rows of a [rows][C] matrix (optionally gathered) -> FP8 [rows][C] and
-//   scales
-//                       along C (C / 32 bytes per row); the backward's dh, and mok_quantize.
+//                       scales along C (C / 32 bytes per row); the backward's dh, and
+//                       mok_quantize.
 //   quantize_segments : the weight gradients' operands: rows in expert order -> FP8 [C][Pmax],
 //                       transposed, quantized along the positions of each expert; each expert's
 //                       positions start at k_offset[e] (a multiple of 128) and its last block is
@@ -13,6 +13,7 @@
 //   k_offset.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/device/fp8_format.cuh"
@@ -112,13 +113,140 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Rows of a contiguous [rows][C] matrix (C a multiple of 128) as a flat sequence of 128-element
+// items: item i is elements [128 i, 128 i + 128), its E4M3 values bytes [128 i, 128 i + 128) of
+// `out` and its scales the 4 bytes [4 i, 4 i + 4) of `scales` (both recipes keep 4 scale bytes
+// per 128 elements of a row; rows and their scales follow each other), so no (row, column) pair
+// is computed. Eight lanes per item: lane l holds elements 8l..8l+7 ("part 0") and
+// 64 + 8l..64 + 8l + 7 ("part 1"), so each 16-byte load instruction of an 8-lane group reads 128
+// contiguous bytes (bf16) and a warp 512. Blocks: fp8_block's is the item (8 lanes), mxfp8's 32
+// elements are 4 lanes of one part. Against quantize_rows_kernel (a half-warp per item, 8
+// elements a lane): the per-block work (shuffles, the scale's divisions, the scale store, the
+// index arithmetic) is spread over twice the bytes and the bracket test over 8 pairs takes one
+// branch, where the fp8_block pass was bound by issue slots rather than by memory.
+constexpr int kFlatItems = 2;  // items per thread per round, all loads issued before first use
+
+// Eight consecutive values of a part from its 16-byte words (one for bf16, two for float32):
+// the bf16 -> float32 conversion is exact (its bits move to the top half).
+template <class T>
+__device__ __forceinline__ void part_floats(const uint4* raw, float* f) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      f[4 * v] = __uint_as_float(raw[v].x), f[4 * v + 1] = __uint_as_float(raw[v].y);
+      f[4 * v + 2] = __uint_as_float(raw[v].z), f[4 * v + 3] = __uint_as_float(raw[v].w);
+    }
+  } else {
+    static_assert(sizeof(T) == 2, "bf16");
+    const uint32_t w[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f[2 * k] = __uint_as_float(w[k] << 16);
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+}
+
 template <class T, Recipe R>
-cudaError_t launch_quantize_rows(const T* src, int64_t ld, const int* gather, int rows,
-                                 const int* rows_limit, int cols, uint8_t* out, uint8_t* scales,
-                                 int num_sms, cudaStream_t stream) {
+__global__ void __launch_bounds__(256)
+    quantize_rows_flat_kernel(const T* __restrict__ src, int rows, const int* rows_limit, int cols,
+                              uint8_t* __restrict__ out, uint8_t* __restrict__ scales) {
+  constexpr int kVec = sizeof(T) / 2;  // 16-byte words per part: 1 (bf16) or 2 (float32)
+  const int l = threadIdx.x & 7;
+  const int64_t limit = rows_limit ? min(rows, *rows_limit) : rows;
+  const int64_t items = limit * (cols / 128);
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 3);
+  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 3;
+  // Every lane of a warp runs every round (the shuffles take the whole warp): the rounds run
+  // while the warp's first group (groups 4w..4w+3 are warp w's) has an item; a group past the
+  // last item quantizes zeros and stores nothing.
+  const int64_t warp_group = group & ~static_cast<int64_t>(3);
+  for (int64_t r0 = 0; warp_group + r0 < items; r0 += kFlatItems * groups) {
+    uint4 raw[kFlatItems][2][kVec];
+#pragma unroll
+    for (int u = 0; u < kFlatItems; ++u) {
+      const int64_t item = group + r0 + u * groups;
+#pragma unroll
+      for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int v = 0; v < kVec; ++v)
+          raw[u][p][v] =
+              item < items
+                  ? __ldcs(reinterpret_cast<const uint4*>(src + item * 128 + 64 * p + 8 * l) + v)
+                  : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kFlatItems; ++u) {
+      const int64_t item = group + r0 + u * groups;
+      float f[2][8];
+#pragma unroll
+      for (int p = 0; p < 2; ++p) part_floats<T>(raw[u][p], f[p]);
+      BlockScale s[2];  // of part 0 and part 1 (fp8_block: the same block)
+      if constexpr (R == Recipe::kBlock) {
+        float m = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) m = amax_combine(m, f[j >> 3][j & 7]);
+#pragma unroll
+        for (int d = 1; d < 8; d <<= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
+        s[0] = s[1] = block_scale<R>(m);
+      } else {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          float m = 0.f;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) m = amax_combine(m, f[p][j]);
+#pragma unroll
+          for (int d = 1; d < 4; d <<= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
+          s[p] = block_scale<R>(m);
+        }
+      }
+      uint16_t q[8];  // pair j: part j / 4, values 2 (j % 4), 2 (j % 4) + 1
+      quantize_pairs<R, 8>(
+          [&](int j) { return make_float2(f[j >> 2][2 * (j & 3)], f[j >> 2][2 * (j & 3) + 1]); },
+          [&](int j) -> const BlockScale& { return s[j >> 2]; },
+          [&](int j, uint16_t bytes) { q[j] = bytes; });
+      // mxfp8: lane 0 holds blocks 0 (part 0) and 2 (part 1), lane 4 blocks 1 and 3.
+      const uint32_t mx_pair = s[0].stored | (s[1].stored << 16);
+      const uint32_t mx_other = R == Recipe::kMx ? __shfl_xor_sync(0xffffffffu, mx_pair, 4) : 0u;
+      if (item >= items) continue;
+#pragma unroll
+      for (int p = 0; p < 2; ++p)
+        *reinterpret_cast<uint2*>(out + item * 128 + 64 * p + 8 * l) =
+            make_uint2(q[4 * p] | (static_cast<uint32_t>(q[4 * p + 1]) << 16),
+                       q[4 * p + 2] | (static_cast<uint32_t>(q[4 * p + 3]) << 16));
+      if (l == 0)
+        *reinterpret_cast<uint32_t*>(scales + 4 * item) =
+            R == Recipe::kMx ? mx_pair | (mx_other << 8) : s[0].stored;
+    }
+  }
+}
+
+// The rows of a contiguous [rows][cols] matrix (rows past *rows_limit, where given, untouched).
+// JAX_MOK_ROWQ_FLAT (CMake, until its GPU A/B): quantize_rows_flat_kernel instead of
+// quantize_rows_kernel; the bits are the same.
+#ifndef JAX_MOK_ROWQ_FLAT
+#define JAX_MOK_ROWQ_FLAT 0
+#endif
+template <class T, Recipe R>
+cudaError_t launch_quantize_rows(const T* src, int rows, const int* rows_limit, int cols,
+                                 uint8_t* out, uint8_t* scales, int num_sms, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  quantize_rows_kernel<T, R>
-      <<<num_sms * 4, 256, 0, stream>>>(src, ld, gather, rows, rows_limit, cols, out, scales);
+  if constexpr (JAX_MOK_ROWQ_FLAT) {
+    auto* kernel = quantize_rows_flat_kernel<T, R>;
+    static const int per_sm = [&] {  // resident CTAs per SM (registers bound it)
+      int n = 0;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, 0) == cudaSuccess &&
+                     n > 0
+                 ? n
+                 : 4;
+    }();
+    const int64_t needed = (static_cast<int64_t>(rows) * (cols / 128) + 31) / 32;  // 32 items/CTA
+    const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t{num_sms} * per_sm));
+    kernel<<<blocks, 256, 0, stream>>>(src, rows, rows_limit, cols, out, scales);
+  } else {
+    quantize_rows_kernel<T, R>
+        <<<num_sms * 4, 256, 0, stream>>>(src, cols, nullptr, rows, rows_limit, cols, out, scales);
+  }
   return cudaGetLastError();
 }
 

@@ -86,11 +86,11 @@ ffi::Error Backward8(Recipe recipe, cudaStream_t stream, ffi::ScratchAllocator& 
         Stage("fp8 dy Wd^T GEMM + SwiGLU bwd",
               launch_fp8_gemm<R, kM, kPerRow, Epi8::kSwiGLUBwd, T>(g2, dev.sms, stream), stream));
 
-    MOK_RETURN_IF_ERROR(Stage(
-        "quantize dh",
-        launch_quantize_rows<T, R>(b.dh, 2 * F, nullptr, static_cast<int>(P), r.expert_offset + E,
-                                   static_cast<int>(2 * F), b.dh_q, b.dh_s, dev.sms, stream),
-        stream));
+    MOK_RETURN_IF_ERROR(
+        Stage("quantize dh",
+              launch_quantize_rows<T, R>(b.dh, static_cast<int>(P), r.expert_offset + E,
+                                         static_cast<int>(2 * F), b.dh_q, b.dh_s, dev.sms, stream),
+              stream));
 
     // dx_part = dh @ Wgu[e]^T
     Fp8GemmParams g3 = RoutedFp8(r, op.w, Quantized{b.dh_q, b.dh_s}, nullptr, H, 2 * F, false, 2);

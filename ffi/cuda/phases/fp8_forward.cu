@@ -60,8 +60,8 @@ ffi::Error QuantizeRows(Recipe recipe, cudaStream_t stream, const DeviceInfo& de
     constexpr Recipe R = decltype(tag)::value;
     return Stage(
         "quantize rows",
-        launch_quantize_rows<T, R>(src, cols, nullptr, static_cast<int>(rows), nullptr,
-                                   static_cast<int>(cols), values, scales, dev.sms, stream),
+        launch_quantize_rows<T, R>(src, static_cast<int>(rows), nullptr, static_cast<int>(cols),
+                                   values, scales, dev.sms, stream),
         stream);
   });
 }
