@@ -75,11 +75,69 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The same rows written by token: out[assign_pos[t, j], :] = src[t, :] for every routed
+// assignment (assign_pos >= 0), a warp per token row, which it reads once and stores k times.
+// The gather above reads each token's row k times, in expert order: every expert's positions walk
+// all of src, so where src outgrows the L2 (S2's x and dy: 117 MB each) most of those reads come
+// from DRAM. Two matrices (x and dy) in one launch: rows 0..T-1 of src0, then T..2T-1 of src1.
 template <class T>
-cudaError_t launch_gather(const T* src, const int* sorted_token, const int* expert_offset,
-                          int experts, T* out, int hidden, int num_sms, cudaStream_t stream) {
-  gather_rows_kernel<T>
-      <<<num_sms * 8, 256, 0, stream>>>(src, sorted_token, expert_offset, experts, out, hidden);
+__global__ void __launch_bounds__(256)
+    scatter_rows_kernel(const T* __restrict__ src0, T* __restrict__ out0,
+                        const T* __restrict__ src1, T* __restrict__ out1,
+                        const int* __restrict__ assign_pos, int tokens, int top_k, int hidden) {
+  const int vecs = hidden * static_cast<int>(sizeof(T)) / 16;
+  const int lane = threadIdx.x & 31;
+  const int warps = gridDim.x * (blockDim.x >> 5);
+  const int rows = src1 ? 2 * tokens : tokens;
+  for (int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+    const bool second = row >= tokens;
+    const int t = second ? row - tokens : row;
+    const uint4* from =
+        reinterpret_cast<const uint4*>((second ? src1 : src0) + static_cast<int64_t>(t) * hidden);
+    T* out = second ? out1 : out0;
+    const int* pos_of = assign_pos + static_cast<int64_t>(t) * top_k;
+    for (int v0 = lane; v0 < vecs; v0 += 32 * kGatherUnroll) {
+      uint4 r[kGatherUnroll];
+#pragma unroll
+      for (int u = 0; u < kGatherUnroll; ++u)
+        if (v0 + 32 * u < vecs) r[u] = __ldcs(from + v0 + 32 * u);  // read once: evict first
+      for (int j = 0; j < top_k; ++j) {
+        const int pos = __ldg(pos_of + j);  // the same word for the whole warp
+        if (pos < 0) continue;
+        uint4* to = reinterpret_cast<uint4*>(out + static_cast<int64_t>(pos) * hidden);
+#pragma unroll
+        for (int u = 0; u < kGatherUnroll; ++u)
+          if (v0 + 32 * u < vecs) to[v0 + 32 * u] = r[u];
+      }
+    }
+  }
+}
+
+// Token rows into expert order: out0[p] = src0[sorted_token[p]] (and out1 from src1 where given)
+// for the routed positions p < expert_offset[E]; later rows are left as they are.
+// JAX_MOK_SCATTER_ROWS (CMake, until its GPU A/B): scatter_rows_kernel instead of the gather; the
+// rows written are the same.
+#ifndef JAX_MOK_SCATTER_ROWS
+#define JAX_MOK_SCATTER_ROWS 0
+#endif
+template <class T>
+cudaError_t launch_to_expert_order(const T* src0, T* out0, const T* src1, T* out1,
+                                   const int* sorted_token, const int* expert_offset,
+                                   const int* assign_pos, int experts, int tokens, int top_k,
+                                   int hidden, int num_sms, cudaStream_t stream) {
+  if constexpr (JAX_MOK_SCATTER_ROWS) {
+    scatter_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(src0, out0, src1, out1, assign_pos,
+                                                            tokens, top_k, hidden);
+  } else {
+    gather_rows_kernel<T>
+        <<<num_sms * 8, 256, 0, stream>>>(src0, sorted_token, expert_offset, experts, out0, hidden);
+    if (src1) {
+      cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+      gather_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(src1, sorted_token, expert_offset,
+                                                             experts, out1, hidden);
+    }
+  }
   return cudaGetLastError();
 }
 
