@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cuda/device/ptx.cuh"
+#include "cuda/device/route.cuh"
 
 namespace mok::cuda {
 
@@ -121,24 +122,20 @@ __global__ void __launch_bounds__(256)
 #define JAX_MOK_SCATTER_ROWS 0
 #endif
 template <class T>
-cudaError_t launch_to_expert_order(const T* src0, T* out0, const T* src1, T* out1,
-                                   const int* sorted_token, const int* expert_offset,
-                                   const int* assign_pos, int experts, int tokens, int top_k,
+cudaError_t launch_to_expert_order(const Routing& r, const T* src0, T* out0, const T* src1, T* out1,
                                    int hidden, int num_sms, cudaStream_t stream) {
   if constexpr (JAX_MOK_SCATTER_ROWS) {
-    scatter_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(src0, out0, src1, out1, assign_pos,
-                                                            tokens, top_k, hidden);
-  } else {
-    gather_rows_kernel<T>
-        <<<num_sms * 8, 256, 0, stream>>>(src0, sorted_token, expert_offset, experts, out0, hidden);
-    if (src1) {
-      cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-      gather_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(src1, sorted_token, expert_offset,
-                                                             experts, out1, hidden);
-    }
+    scatter_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(
+        src0, out0, src1, out1, r.assign_pos, r.assignments / r.top_k, r.top_k, hidden);
+    return cudaGetLastError();
   }
-  return cudaGetLastError();
+  for (int i = 0; i < (src1 ? 2 : 1); ++i) {
+    gather_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(
+        i ? src1 : src0, r.sorted_token, r.expert_offset, r.experts, i ? out1 : out0, hidden);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 template <class T>

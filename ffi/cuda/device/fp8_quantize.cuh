@@ -1,7 +1,6 @@
 // FP8 quantization kernels of the layer (formats: fp8_format.cuh), and the FP8 GEMMs' schedule.
-//   quantize_rows     : rows of a [rows][C] matrix (optionally gathered) -> FP8 [rows][C] and
-//                       scales along C (C / 32 bytes per row); the backward's dh, and
-//                       mok_quantize.
+//   quantize_rows     : rows of a contiguous [rows][C] matrix -> FP8 [rows][C] and scales
+//                       along C (C / 32 bytes per row); the backward's dh, and mok_quantize.
 //   quantize_segments : the weight gradients' operands: rows in expert order -> FP8 [C][Pmax],
 //                       transposed, quantized along the positions of each expert; each expert's
 //                       positions start at k_offset[e] (a multiple of 128) and its last block is
@@ -21,20 +20,36 @@
 
 namespace mok::cuda::fp8 {
 
-// Eight consecutive elements of a row as floats (one 16-byte load for bf16, two for float32).
+// 16-byte words holding 8 elements of T: one for bf16, two for float32.
 template <class T>
-__device__ __forceinline__ void load8(const T* src, float* f) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 lo = *reinterpret_cast<const float4*>(src);
-    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
-    f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z;
-    f[7] = hi.w;
+constexpr int kWords8 = sizeof(T) / 2;
+
+// Eight elements of T held in kWords8<T> 16-byte words, as floats. bf16 from each 32-bit word
+// directly: the low element's bits shifted to the top half, the high element's masked in place
+// (exact, as to_float; converting element by element took a byte permute and a shift each).
+template <class T>
+__device__ __forceinline__ void float8_of(const uint4* raw, float* f) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const uint32_t w[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f[2 * k] = __uint_as_float(w[k] << 16);
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
   } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src);
-    const T* e = reinterpret_cast<const T*>(&raw);
+    const T* e = reinterpret_cast<const T*>(raw);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = to_float(e[j]);
   }
+}
+
+// Eight consecutive elements of a row as floats.
+template <class T>
+__device__ __forceinline__ void load8(const T* src, float* f) {
+  uint4 raw[kWords8<T>];
+#pragma unroll
+  for (int v = 0; v < kWords8<T>; ++v) raw[v] = reinterpret_cast<const uint4*>(src)[v];
+  float8_of<T>(raw, f);
 }
 
 // Half a warp per 128 columns of a row (an "item"): lane l of the half holds columns
@@ -126,32 +141,11 @@ __global__ void __launch_bounds__(256)
 // branch, where the fp8_block pass was bound by issue slots rather than by memory.
 constexpr int kFlatItems = 2;  // items per thread per round, all loads issued before first use
 
-// Eight consecutive values of a part from its 16-byte words (one for bf16, two for float32):
-// the bf16 -> float32 conversion is exact (its bits move to the top half).
-template <class T>
-__device__ __forceinline__ void part_floats(const uint4* raw, float* f) {
-  if constexpr (std::is_same_v<T, float>) {
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      f[4 * v] = __uint_as_float(raw[v].x), f[4 * v + 1] = __uint_as_float(raw[v].y);
-      f[4 * v + 2] = __uint_as_float(raw[v].z), f[4 * v + 3] = __uint_as_float(raw[v].w);
-    }
-  } else {
-    static_assert(sizeof(T) == 2, "bf16");
-    const uint32_t w[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      f[2 * k] = __uint_as_float(w[k] << 16);
-      f[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-    }
-  }
-}
-
 template <class T, Recipe R>
 __global__ void __launch_bounds__(256)
     quantize_rows_flat_kernel(const T* __restrict__ src, int rows, const int* rows_limit, int cols,
                               uint8_t* __restrict__ out, uint8_t* __restrict__ scales) {
-  constexpr int kVec = sizeof(T) / 2;  // 16-byte words per part: 1 (bf16) or 2 (float32)
+  constexpr int kVec = kWords8<T>;  // 16-byte words per part
   const int l = threadIdx.x & 7;
   const int64_t limit = rows_limit ? min(rows, *rows_limit) : rows;
   const int64_t items = limit * (cols / 128);
@@ -180,7 +174,7 @@ __global__ void __launch_bounds__(256)
       const int64_t item = group + r0 + u * groups;
       float f[2][8];
 #pragma unroll
-      for (int p = 0; p < 2; ++p) part_floats<T>(raw[u][p], f[p]);
+      for (int p = 0; p < 2; ++p) float8_of<T>(raw[u][p], f[p]);
       BlockScale s[2];  // of part 0 and part 1 (fp8_block: the same block)
       if constexpr (R == Recipe::kBlock) {
         float m = 0.f;
@@ -205,18 +199,19 @@ __global__ void __launch_bounds__(256)
           [&](int j) { return make_float2(f[j >> 2][2 * (j & 3)], f[j >> 2][2 * (j & 3) + 1]); },
           [&](int j) -> const BlockScale& { return s[j >> 2]; },
           [&](int j, uint16_t bytes) { q[j] = bytes; });
-      // mxfp8: lane 0 holds blocks 0 (part 0) and 2 (part 1), lane 4 blocks 1 and 3.
-      const uint32_t mx_pair = s[0].stored | (s[1].stored << 16);
-      const uint32_t mx_other = R == Recipe::kMx ? __shfl_xor_sync(0xffffffffu, mx_pair, 4) : 0u;
+      uint32_t scale_word = s[0].stored;  // the item's 4 scale bytes
+      if constexpr (R == Recipe::kMx) {
+        // Lane 0 holds blocks 0 (part 0) and 2 (part 1), lane 4 blocks 1 and 3.
+        const uint32_t mine = s[0].stored | (s[1].stored << 16);
+        scale_word = mine | (__shfl_xor_sync(0xffffffffu, mine, 4) << 8);
+      }
       if (item >= items) continue;
 #pragma unroll
       for (int p = 0; p < 2; ++p)
         *reinterpret_cast<uint2*>(out + item * 128 + 64 * p + 8 * l) =
             make_uint2(q[4 * p] | (static_cast<uint32_t>(q[4 * p + 1]) << 16),
                        q[4 * p + 2] | (static_cast<uint32_t>(q[4 * p + 3]) << 16));
-      if (l == 0)
-        *reinterpret_cast<uint32_t*>(scales + 4 * item) =
-            R == Recipe::kMx ? mx_pair | (mx_other << 8) : s[0].stored;
+      if (l == 0) *reinterpret_cast<uint32_t*>(scales + 4 * item) = scale_word;
     }
   }
 }
@@ -233,15 +228,12 @@ cudaError_t launch_quantize_rows(const T* src, int rows, const int* rows_limit, 
   if (rows == 0) return cudaSuccess;
   if constexpr (JAX_MOK_ROWQ_FLAT) {
     auto* kernel = quantize_rows_flat_kernel<T, R>;
-    static const int per_sm = [&] {  // resident CTAs per SM (registers bound it)
-      int n = 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, 0) == cudaSuccess &&
-                     n > 0
-                 ? n
-                 : 4;
-    }();
+    int per_sm = 0;  // resident CTAs per SM (registers bound it)
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
+    if (err != cudaSuccess) return err;
     const int64_t needed = (static_cast<int64_t>(rows) * (cols / 128) + 31) / 32;  // 32 items/CTA
-    const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t{num_sms} * per_sm));
+    const int blocks =
+        static_cast<int>(std::min<int64_t>(needed, int64_t{num_sms} * std::max(per_sm, 1)));
     kernel<<<blocks, 256, 0, stream>>>(src, rows, rows_limit, cols, out, scales);
   } else {
     quantize_rows_kernel<T, R>

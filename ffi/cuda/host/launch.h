@@ -81,12 +81,10 @@ ExpertOrderRows InExpertOrder(const T* tokens, const T* sorted, const Routing& r
 template <class T>
 ffi::Error GatherXDy(const Routing& r, const T* x, const T* dy, int64_t hidden, T* x_sorted,
                      T* dy_sorted, int sms, cudaStream_t stream) {
-  return Stage(
-      "gather x, dy into expert order",
-      launch_to_expert_order<T>(x, x_sorted, dy, dy_sorted, r.sorted_token, r.expert_offset,
-                                r.assign_pos, r.experts, r.assignments / r.top_k, r.top_k,
-                                static_cast<int>(hidden), sms, stream),
-      stream);
+  return Stage("gather x, dy into expert order",
+               launch_to_expert_order<T>(r, x, x_sorted, dy, dy_sorted, static_cast<int>(hidden),
+                                         sms, stream),
+               stream);
 }
 
 // The weight gradients by the routed-K GEMMs in T (phases/backward.cu), from the backward's

@@ -26,12 +26,10 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Pl
   ProfileStart(stream);
   MOK_RETURN_IF_ERROR(Stage("routing", build_routing(r, stream), stream));
   if (pregather)
-    MOK_RETURN_IF_ERROR(Stage(
-        "gather x into expert order",
-        launch_to_expert_order<T>(x, x_sorted, nullptr, nullptr, r.sorted_token, r.expert_offset,
-                                  r.assign_pos, r.experts, static_cast<int>(pr.tokens), r.top_k,
-                                  static_cast<int>(H), plan.sms, stream),
-        stream));
+    MOK_RETURN_IF_ERROR(Stage("gather x into expert order",
+                              launch_to_expert_order<T>(r, x, x_sorted, nullptr, nullptr,
+                                                        static_cast<int>(H), plan.sms, stream),
+                              stream));
 
   GemmParams g1 = RoutedMParams(r, w, 0);  // h = x[tok] @ Wgu[e] → a = silu(h_g) h_u
   g1.N = F, g1.K = H, g1.glu = true, g1.glu_offset = F, g1.n_tiles = CeilDiv(F, bn / 2);
