@@ -42,45 +42,18 @@ static __global__ void reduce_dw_kernel(const float* __restrict__ dw_part,
   d_w[idx] = s;
 }
 
-// The inverse direction, for the backward's weight-gradient GEMMs: out[pos, :] = src[token, :]
-// with token = sorted_token[pos], for the positions of routed assignments (pos < expert_offset[E];
-// later rows are left as they are: the routed-K mainloop zeroes every row past an expert's count).
-// A warp copies whole rows, lane l the 16-byte vectors l, l + 32, ... of its row, kGatherUnroll
-// loads in flight before the first store: a memory-bound copy needs ~30 KB in flight per SM to
-// approach HBM bandwidth, and one 16-byte load per thread at a time reached half of it. H is a
-// multiple of 8 (checked by the handlers): whole vectors.
-constexpr int kGatherUnroll = 4;
+// The inverse direction, for the backward's weight-gradient GEMMs: token rows into expert order,
+// out[assign_pos[t, j], :] = src[t, :] for every routed assignment (assign_pos >= 0; rows of
+// unrouted positions are left as they are: the routed-K mainloop zeroes every row past an
+// expert's count). A warp per token row, which it reads once and stores k times: gathering by
+// position instead reads each row k times in expert order, every expert's positions walking all
+// of src, so where src outgrows the L2 (S2's x and dy: 117 MB each) most of those reads come from
+// DRAM. Lane l holds the 16-byte vectors l, l + 32, ..., kCopyUnroll loads in flight before the
+// first store (a memory-bound copy needs ~30 KB in flight per SM). H is a multiple of 8 (checked
+// by the handlers): whole vectors. Two matrices (x and dy) in one launch: rows 0..T-1 of src0,
+// then T..2T-1 of src1.
+constexpr int kCopyUnroll = 4;
 
-template <class T>
-__global__ void __launch_bounds__(256)
-    gather_rows_kernel(const T* __restrict__ src, const int* __restrict__ sorted_token,
-                       const int* __restrict__ expert_offset, int experts, T* __restrict__ out,
-                       int hidden) {
-  const int vecs = hidden * static_cast<int>(sizeof(T)) / 16;
-  const int rows = expert_offset[experts];
-  const int lane = threadIdx.x & 31;
-  const int warps = gridDim.x * (blockDim.x >> 5);
-  for (int pos = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; pos < rows; pos += warps) {
-    const uint4* from =
-        reinterpret_cast<const uint4*>(src + static_cast<int64_t>(sorted_token[pos]) * hidden);
-    uint4* to = reinterpret_cast<uint4*>(out + static_cast<int64_t>(pos) * hidden);
-    for (int v0 = lane; v0 < vecs; v0 += 32 * kGatherUnroll) {
-      uint4 r[kGatherUnroll];
-#pragma unroll
-      for (int u = 0; u < kGatherUnroll; ++u)
-        if (v0 + 32 * u < vecs) r[u] = __ldg(from + v0 + 32 * u);
-#pragma unroll
-      for (int u = 0; u < kGatherUnroll; ++u)
-        if (v0 + 32 * u < vecs) to[v0 + 32 * u] = r[u];
-    }
-  }
-}
-
-// The same rows written by token: out[assign_pos[t, j], :] = src[t, :] for every routed
-// assignment (assign_pos >= 0), a warp per token row, which it reads once and stores k times.
-// The gather above reads each token's row k times, in expert order: every expert's positions walk
-// all of src, so where src outgrows the L2 (S2's x and dy: 117 MB each) most of those reads come
-// from DRAM. Two matrices (x and dy) in one launch: rows 0..T-1 of src0, then T..2T-1 of src1.
 template <class T>
 __global__ void __launch_bounds__(256)
     scatter_rows_kernel(const T* __restrict__ src0, T* __restrict__ out0,
@@ -97,17 +70,17 @@ __global__ void __launch_bounds__(256)
         reinterpret_cast<const uint4*>((second ? src1 : src0) + static_cast<int64_t>(t) * hidden);
     T* out = second ? out1 : out0;
     const int* pos_of = assign_pos + static_cast<int64_t>(t) * top_k;
-    for (int v0 = lane; v0 < vecs; v0 += 32 * kGatherUnroll) {
-      uint4 r[kGatherUnroll];
+    for (int v0 = lane; v0 < vecs; v0 += 32 * kCopyUnroll) {
+      uint4 r[kCopyUnroll];
 #pragma unroll
-      for (int u = 0; u < kGatherUnroll; ++u)
+      for (int u = 0; u < kCopyUnroll; ++u)
         if (v0 + 32 * u < vecs) r[u] = __ldcs(from + v0 + 32 * u);  // read once: evict first
       for (int j = 0; j < top_k; ++j) {
         const int pos = __ldg(pos_of + j);  // the same word for the whole warp
         if (pos < 0) continue;
         uint4* to = reinterpret_cast<uint4*>(out + static_cast<int64_t>(pos) * hidden);
 #pragma unroll
-        for (int u = 0; u < kGatherUnroll; ++u)
+        for (int u = 0; u < kCopyUnroll; ++u)
           if (v0 + 32 * u < vecs) to[v0 + 32 * u] = r[u];
       }
     }
@@ -116,26 +89,12 @@ __global__ void __launch_bounds__(256)
 
 // Token rows into expert order: out0[p] = src0[sorted_token[p]] (and out1 from src1 where given)
 // for the routed positions p < expert_offset[E]; later rows are left as they are.
-// JAX_MOK_SCATTER_ROWS (CMake, until its GPU A/B): scatter_rows_kernel instead of the gather; the
-// rows written are the same.
-#ifndef JAX_MOK_SCATTER_ROWS
-#define JAX_MOK_SCATTER_ROWS 0
-#endif
 template <class T>
 cudaError_t launch_to_expert_order(const Routing& r, const T* src0, T* out0, const T* src1, T* out1,
                                    int hidden, int num_sms, cudaStream_t stream) {
-  if constexpr (JAX_MOK_SCATTER_ROWS) {
-    scatter_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(
-        src0, out0, src1, out1, r.assign_pos, r.assignments / r.top_k, r.top_k, hidden);
-    return cudaGetLastError();
-  }
-  for (int i = 0; i < (src1 ? 2 : 1); ++i) {
-    gather_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(
-        i ? src1 : src0, r.sorted_token, r.expert_offset, r.experts, i ? out1 : out0, hidden);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  scatter_rows_kernel<T><<<num_sms * 8, 256, 0, stream>>>(src0, out0, src1, out1, r.assign_pos,
+                                                          r.assignments / r.top_k, r.top_k, hidden);
+  return cudaGetLastError();
 }
 
 template <class T>

@@ -43,91 +43,6 @@ __device__ __forceinline__ void float8_of(const uint4* raw, float* f) {
   }
 }
 
-// Eight consecutive elements of a row as floats.
-template <class T>
-__device__ __forceinline__ void load8(const T* src, float* f) {
-  uint4 raw[kWords8<T>];
-#pragma unroll
-  for (int v = 0; v < kWords8<T>; ++v) raw[v] = reinterpret_cast<const uint4*>(src)[v];
-  float8_of<T>(raw, f);
-}
-
-// Half a warp per 128 columns of a row (an "item"): lane l of the half holds columns
-// 8l..8l+7, so a recipe's block is 4 lanes (mxfp8) or the 16 (fp8_block). Each half-warp takes
-// kRowUnroll items per round, every load issued before the first use (memory-level
-// parallelism: the pass is memory-bound). Item i is (row i / chunks, chunk i % chunks); a thread
-// advances its items' (row, chunk) by the grid's stride with an add and a carry, not a 64-bit
-// division per item (which cost more issue slots than the quantization itself).
-constexpr int kRowUnroll = 4;
-
-template <class T, Recipe R>
-__global__ void __launch_bounds__(256)
-    quantize_rows_kernel(const T* __restrict__ src, int64_t ld, const int* gather, int rows,
-                         const int* rows_limit, int cols, uint8_t* __restrict__ out,
-                         uint8_t* __restrict__ scales) {
-  const int hl = threadIdx.x & 15;  // lane within the half-warp
-  const int limit = rows_limit ? min(rows, *rows_limit) : rows;
-  const int chunks = cols / 128;
-  const int64_t halves = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 4);
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 4;
-  const int64_t stride = halves * kRowUnroll;  // items per round of the whole grid
-  const int stride_rows = static_cast<int>(stride / chunks);
-  const int stride_chunks = static_cast<int>(stride % chunks);
-  int row[kRowUnroll], chunk[kRowUnroll];  // of item first + u * halves (+ rounds * stride)
-#pragma unroll
-  for (int u = 0; u < kRowUnroll; ++u) {
-    const int64_t item = first + u * halves;
-    const int64_t r = item / chunks;
-    row[u] = r < rows ? static_cast<int>(r) : rows;
-    chunk[u] = static_cast<int>(item % chunks);
-  }
-  constexpr int kLanes = kScaleBlock<R> / 8;  // lanes per scale block: 4 or 16
-  while (row[0] < limit) {                    // item u = 0 has the lowest index of the round
-    float v[kRowUnroll][8];
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      if (row[u] < limit) {
-        const int64_t src_row = gather ? gather[row[u]] : row[u];
-        load8(src + src_row * ld + chunk[u] * 128 + 8 * hl, v[u]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[u][j] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      float m = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) m = amax_combine(m, v[u][j]);
-      // every lane shuffles (inactive items hold zeros), within its half-warp's block lanes
-#pragma unroll
-      for (int d = 1; d < kLanes; d <<= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
-      if (row[u] >= limit) continue;
-      const BlockScale s = block_scale<R>(m);
-      uint32_t q[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        q[j] = quantize_pair<R>(make_float2(v[u][2 * j], v[u][2 * j + 1]), s);
-      const int c0 = chunk[u] * 128;
-      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row[u]) * cols + c0 + 8 * hl) =
-          make_uint2(q[0] | (q[1] << 16), q[2] | (q[3] << 16));
-      uint8_t* row_scales = scales + static_cast<int64_t>(row[u]) * (cols / 32);
-      if constexpr (R == Recipe::kMx) {
-        if ((hl & 3) == 0) row_scales[c0 / 32 + hl / 4] = static_cast<uint8_t>(s.stored);
-      } else {
-        if (hl == 0) reinterpret_cast<uint32_t*>(row_scales)[chunk[u]] = s.stored;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      chunk[u] += stride_chunks;
-      const int carry = chunk[u] >= chunks;
-      chunk[u] -= carry ? chunks : 0;
-      row[u] = min(row[u] + stride_rows + carry, rows);  // clamped: no int overflow past the end
-    }
-  }
-}
-
 // Rows of a contiguous [rows][C] matrix (C a multiple of 128) as a flat sequence of 128-element
 // items: item i is elements [128 i, 128 i + 128), its E4M3 values bytes [128 i, 128 i + 128) of
 // `out` and its scales the 4 bytes [4 i, 4 i + 4) of `scales` (both recipes keep 4 scale bytes
@@ -135,16 +50,16 @@ __global__ void __launch_bounds__(256)
 // is computed. Eight lanes per item: lane l holds elements 8l..8l+7 ("part 0") and
 // 64 + 8l..64 + 8l + 7 ("part 1"), so each 16-byte load instruction of an 8-lane group reads 128
 // contiguous bytes (bf16) and a warp 512. Blocks: fp8_block's is the item (8 lanes), mxfp8's 32
-// elements are 4 lanes of one part. Against quantize_rows_kernel (a half-warp per item, 8
-// elements a lane): the per-block work (shuffles, the scale's divisions, the scale store, the
-// index arithmetic) is spread over twice the bytes and the bracket test over 8 pairs takes one
-// branch, where the fp8_block pass was bound by issue slots rather than by memory.
+// elements are 4 lanes of one part. Why 16 elements a lane: the per-block work (shuffles, the
+// scale's divisions, the scale store) is paid once per 256 bytes read, and the bracket test over
+// 8 pairs takes one branch; at 8 elements a lane (a half-warp per item, with row and column
+// arithmetic per item) the pass was bound by issue slots rather than by memory.
 constexpr int kFlatItems = 2;  // items per thread per round, all loads issued before first use
 
 template <class T, Recipe R>
 __global__ void __launch_bounds__(256)
-    quantize_rows_flat_kernel(const T* __restrict__ src, int rows, const int* rows_limit, int cols,
-                              uint8_t* __restrict__ out, uint8_t* __restrict__ scales) {
+    quantize_rows_kernel(const T* __restrict__ src, int rows, const int* rows_limit, int cols,
+                         uint8_t* __restrict__ out, uint8_t* __restrict__ scales) {
   constexpr int kVec = kWords8<T>;  // 16-byte words per part
   const int l = threadIdx.x & 7;
   const int64_t limit = rows_limit ? min(rows, *rows_limit) : rows;
@@ -217,28 +132,20 @@ __global__ void __launch_bounds__(256)
 }
 
 // The rows of a contiguous [rows][cols] matrix (rows past *rows_limit, where given, untouched).
-// JAX_MOK_ROWQ_FLAT (CMake, until its GPU A/B): quantize_rows_flat_kernel instead of
-// quantize_rows_kernel; the bits are the same.
-#ifndef JAX_MOK_ROWQ_FLAT
-#define JAX_MOK_ROWQ_FLAT 0
-#endif
+// The grid is what the SMs hold at once (the occupancy query: registers bound it), or fewer CTAs
+// where the matrix has fewer items (32 per CTA per round).
 template <class T, Recipe R>
 cudaError_t launch_quantize_rows(const T* src, int rows, const int* rows_limit, int cols,
                                  uint8_t* out, uint8_t* scales, int num_sms, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if constexpr (JAX_MOK_ROWQ_FLAT) {
-    auto* kernel = quantize_rows_flat_kernel<T, R>;
-    int per_sm = 0;  // resident CTAs per SM (registers bound it)
-    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
-    if (err != cudaSuccess) return err;
-    const int64_t needed = (static_cast<int64_t>(rows) * (cols / 128) + 31) / 32;  // 32 items/CTA
-    const int blocks =
-        static_cast<int>(std::min<int64_t>(needed, int64_t{num_sms} * std::max(per_sm, 1)));
-    kernel<<<blocks, 256, 0, stream>>>(src, rows, rows_limit, cols, out, scales);
-  } else {
-    quantize_rows_kernel<T, R>
-        <<<num_sms * 4, 256, 0, stream>>>(src, cols, nullptr, rows, rows_limit, cols, out, scales);
-  }
+  auto* kernel = quantize_rows_kernel<T, R>;
+  int per_sm = 0;
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0);
+  if (err != cudaSuccess) return err;
+  const int64_t needed = (static_cast<int64_t>(rows) * (cols / 128) + 31) / 32;
+  const int blocks =
+      static_cast<int>(std::min<int64_t>(needed, int64_t{num_sms} * std::max(per_sm, 1)));
+  kernel<<<blocks, 256, 0, stream>>>(src, rows, rows_limit, cols, out, scales);
   return cudaGetLastError();
 }
 
