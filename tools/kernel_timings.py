@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import re
 import statistics
 import sys
@@ -542,6 +543,11 @@ def main() -> None:
                  f"{args.quantization!r}")
     if args.what in ("profile", "forward") and len(quantizations) != 1:
         ap.error(f"--quantization: {args.what} takes one value, got {args.quantization!r}")
+    if args.what == "profile" and os.environ.get("JAX_MOK_CUDA_PROFILE", "0").lower() not in (
+            "1", "true", "on"):
+        # without it the kernels print no phase times and the output holds only the markers
+        ap.error("profile needs JAX_MOK_CUDA_PROFILE=1 in the environment (the kernels print "
+                 "each phase's device time only then)")
     if args.what == "compare":
         if len(args.files) != 2:
             ap.error("compare takes two profile output files")
