@@ -141,12 +141,48 @@ __device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& 
   }
 }
 
+// JAX_MOK_SWIGLU_PREFETCH (CMake, until its GPU A/B): swiglu_bwd_staged loads the next pass's h
+// into registers while the current pass computes and leaves, instead of waiting for each pass's
+// h at the pass's start. Same values in the same buffers: the outputs are bitwise equal.
+#ifndef JAX_MOK_SWIGLU_PREFETCH
+#define JAX_MOK_SWIGLU_PREFETCH 0
+#endif
+
+// The 16-byte chunks of h's gate (v[0]) and up (v[1]) columns f0.. f0 + 63 that thread t copies
+// (for_each_chunk's rows and chunk), from global memory into registers; zeros past w.rows or F
+// (as cp_async_16's zero fill). h is read once, here: evict-first.
+__device__ __forceinline__ void load_h_pass(const GemmParams& p, const WorkTile& w, int row_base,
+                                            int f0, int t, uint4 (&v)[2][4]) {
+  const int F = p.N, row0 = t >> 3, f = f0 + 8 * (t & 7);
+  const bf16* h = static_cast<const bf16*>(p.h);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = row_base + row0 + 16 * j;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    v[0][j] = v[1][j] = zero;
+    if (row < w.rows && f < F) {
+      const bf16* src = h + static_cast<int64_t>(w.row0 + row) * 2 * F + f;
+      v[0][j] = __ldcs(reinterpret_cast<const uint4*>(src));
+      v[1][j] = __ldcs(reinterpret_cast<const uint4*>(src + F));
+    }
+  }
+}
+
+__device__ __forceinline__ void st_shared16(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // kSwiGLUBwd (acc = g = dy @ Wd^T over BN columns of F): per pass h's gate and up arrive in
-// buffers 0 and 1 by cp.async, dh_gate and dh_up overwrite them in place (each thread reads and
-// writes only its own fragment's elements), w*a goes to buffer 2; then all three leave as rows.
+// buffers 0 and 1 (pass 0 by cp.async; with JAX_MOK_SWIGLU_PREFETCH the later passes from
+// registers loaded during the previous pass), dh_gate and dh_up overwrite them in place (each
+// thread reads and writes only its own fragment's elements), w*a goes to buffer 2; then all three
+// leave as rows.
 template <int BN, class Acc>
 __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, const EpiBuffers& eb) {
+  constexpr bool kPrefetch = JAX_MOK_SWIGLU_PREFETCH != 0;
   const int F = p.N, row_base = 64 * wg;
   const bf16* h = static_cast<const bf16*>(p.h);
   bf16* dh = static_cast<bf16*>(p.out);
@@ -154,9 +190,7 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
   const FragRows rows(p, w, wg, t, true);
   float dw_rows[2] = {0.f, 0.f};
   const FragOffsets fo(t, 2);
-#pragma unroll
-  for (int pass = 0; pass < BN / 64; ++pass) {
-    const int f0 = w.n_tile * BN + 64 * pass;
+  auto h_by_cp_async = [&](int f0) {
     for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
       const int row = row_base + r, f = f0 + 8 * chunk;
       const bool ok = row < w.rows && f < F;  // else zero-filled (and never stored)
@@ -165,8 +199,17 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
       cp_async_16(eb.buf[1] + off, ok ? src + F : h, ok);
     });
     cp_async_commit();
-    cp_async_wait<0>();
-    warpgroup_sync(wg);
+  };
+  uint4 next[2][4];  // kPrefetch: the next pass's h, in flight while this pass runs
+  if constexpr (kPrefetch) h_by_cp_async(w.n_tile * BN);
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass) {
+    const int f0 = w.n_tile * BN + 64 * pass;
+    if constexpr (!kPrefetch) h_by_cp_async(f0);
+    if (!kPrefetch || pass == 0) cp_async_wait<0>();
+    warpgroup_sync(wg);  // h of this pass is in buffers 0 and 1
+    if constexpr (kPrefetch)
+      if (pass + 1 < BN / 64) load_h_pass(p, w, row_base, f0 + 64, t, next);
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
@@ -191,6 +234,17 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
       copy16(aw_out + at * F + f, eb.buf[2] + off);
     });
     warpgroup_sync(wg);
+    if constexpr (kPrefetch) {
+      if (pass + 1 < BN / 64) {  // the chunks for_each_chunk gives this thread, rows t / 8 + 16 j
+        const int row0 = t >> 3, chunk = t & 7;
+        const uint32_t off0 = row0 * 128 + (((chunk ^ row0) & 7) << 4);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          st_shared16(eb.buf[0] + off0 + 2048 * j, next[0][j]);
+          st_shared16(eb.buf[1] + off0 + 2048 * j, next[1][j]);
+        }
+      }
+    }
   }
   store_dw_partials(p, w, rows, dw_rows, t);
 }
