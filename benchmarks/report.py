@@ -154,6 +154,8 @@ def markdown(result: dict) -> str:
                       _versus(records, r), _accuracy(r)]
         else:
             label = STATUS_LABEL.get(r.get("status"), r.get("status", "?"))
+            if r.get("not_retried"):  # out of memory beside other items only (run.py)
+                label += " (not alone)"
             cells += [label, "–", "–", "–", "–", _accuracy(r)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "c / m after % roofline: the compute or the memory term is the larger. "

@@ -272,7 +272,15 @@ class Orchestrator:
                  and records[i["key"]].get("process_items_before", 0) > 0]
         for n, item in enumerate(retry):
             if time.time() > deadline:
+                # Not the item's own verdict: say so in the record, so that the table's "OOM"
+                # is not read as "does not fit".
                 print(f"{item['key']}: no fresh-process retry (time budget used up)", flush=True)
+                first = records[item["key"]]
+                first["reason"] = (
+                    f"after {first['process_items_before']} other items in its worker; not "
+                    "retried alone (the time budget was used up), so it may fit on its own: "
+                    + first.get("reason", ""))
+                first["not_retried"] = True
                 continue
             key = item["key"]
             print(f"[{time.time() - self.start:7.1f}s] {key}: out of memory after other items; "

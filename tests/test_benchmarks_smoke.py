@@ -118,3 +118,26 @@ def test_an_oom_after_other_items_is_retried_alone_in_a_fresh_worker(tmp_path, m
     assert records[first]["reason"] == "own" and "retried_fresh" not in records[first]
     assert records[second]["status"] == "ok" and records[second]["retried_fresh"]
     assert records[second]["first_reason"] == "heap"
+
+
+def test_oom_not_retried_for_lack_of_time_says_so(tmp_path, monkeypatch):
+    """An item that ran out of memory beside other items and was not retried alone (the budget
+    was spent) keeps status OOM, but its reason and the table say it was not tried alone."""
+    from benchmarks import report, run
+    from benchmarks.worker import shape_items
+
+    args = run.parse_args(["--quick", "--shapes", "S6", "--impls", "jax_mok", "--passes", "fwd",
+                           "--no-ceilings", "--out", str(tmp_path)])
+    orch = run.Orchestrator(args, str(tmp_path))
+    item = shape_items("S6", args.routing, args.passes, args.impls)[0]
+    records = {item["key"]: {**item, "status": "OOM", "reason": "RESOURCE_EXHAUSTED: heap",
+                             "process_items_before": 3}}
+    monkeypatch.setattr(run.Orchestrator, "_launch",
+                        lambda *a, **k: pytest.fail("no worker may start past the deadline"))
+    orch._retry_oom_fresh("S6", [item], records, deadline=0.0)
+    record = records[item["key"]]
+    assert record["status"] == "OOM" and record["not_retried"]
+    assert record["reason"].startswith("after 3 other items in its worker; not retried alone")
+    assert record["reason"].endswith("RESOURCE_EXHAUSTED: heap")
+    table = report.markdown({"meta": {}, "records": [record], "ceilings": None})
+    assert "| OOM (not alone) |" in table
