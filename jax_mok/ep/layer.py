@@ -103,7 +103,7 @@ def _transport(ep_plan: plan.ExpertParallel, config, tokens_local: int, tokens_g
                                             ep_plan.ep_size, dtype)
     ws = workspace.workspace_for(ep_plan.mesh, ep_plan.expert_axis, spec, config,
                                  limit_bytes=tuning.peer.workspace_limit_bytes)
-    return PeerTransport(ws, implementation, save, tuning)
+    return PeerTransport(ws, implementation, save, tuning, config.quantization, weight_grads)
 
 
 def moe_expert_parallel(x: jax.Array, params: MoEParams, ep_plan: plan.ExpertParallel, *,

@@ -12,6 +12,11 @@ Where the experts are not the CUDA kernels (``implementation="reference"``, or t
 exchange of tests/test_peer_transport.py), the staged calls run instead: :func:`dispatch`, the
 experts, :func:`combine`, each exchange a ``mok_ep_dispatch`` / ``mok_ep_combine`` call with a
 ``phase`` naming its place in the step, and their transposes.
+
+With an FP8 recipe (``MoEConfig.quantization``) the staged calls run whatever the experts: the
+rows to the experts (x forward, dy backward) travel as :func:`jax_mok.quantization.rows.pack_rows`
+bytes, E4M3 values and the recipe's scales in one uint8 row (0.52x a bfloat16 row), the bytes the
+XLA transport moves, and arrive as float32 ``deq(Q(rows))``; the results come home in x's dtype.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import jax.numpy as jnp
 from jax_mok.ep.pack import Packed, gather_rows
 from jax_mok.ep.transport import experts_on_rows
 from jax_mok.kernels import autodiff, targets
+from jax_mok.quantization import rows as fp8_rows
 from jax_mok.tuning import KernelTuning, PeerTuning, Tuning
 
 DISPATCH, COMBINE, REVERSE_DISPATCH, REVERSE_COMBINE = 0, 1, 2, 3
@@ -51,7 +57,7 @@ def _combine_call(rows, home_row, workspace_id: int, phase: int, peer: PeerTunin
 
 
 def dispatch(x: jax.Array, ids: jax.Array, w: jax.Array, workspace_id: int,
-             peer: PeerTuning | None = None):
+             peer: PeerTuning | None = None, recipe: str | None = None):
     """Sends packed rows to the ranks that own their experts.
 
     Args:
@@ -60,26 +66,39 @@ def dispatch(x: jax.Array, ids: jax.Array, w: jax.Array, workspace_id: int,
       w: ``[EP, R, k]`` float32 routing weights.
       workspace_id: from :func:`jax_mok.ep.workspace.workspace_for` (static).
       peer: the exchange's :class:`jax_mok.PeerTuning` (None: the defaults).
+      recipe: an FP8 recipe: the rows travel quantized and arrive as float32 ``deq(Q(x))``;
+        their cotangent goes back in x's dtype (straight through). None: as they are.
 
     Returns:
       ``(recv_x, recv_ids, recv_w)`` with the same shapes; chunk ``s`` came from rank ``s``.
     """
-    return _dispatch(x, ids, w, workspace_id, peer or PeerTuning())
+    return _dispatch(x, ids, w, workspace_id, peer or PeerTuning(), recipe)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _dispatch(x, ids, w, workspace_id, peer):
-    return _exchange(x, ids, w, workspace_id, DISPATCH, peer)
+def _send_rows(x, ids, w, workspace_id, peer, recipe):
+    if recipe is None:
+        return _exchange(x, ids, w, workspace_id, DISPATCH, peer)
+    rx, rids, rw = _exchange(fp8_rows.pack_rows(x, recipe), ids, w, workspace_id, DISPATCH, peer)
+    return fp8_rows.unpack_rows(rx, recipe, x.shape[-1]), rids, rw
 
 
-def _dispatch_fwd(x, ids, w, workspace_id, peer):
-    return _exchange(x, ids, w, workspace_id, DISPATCH, peer), ids
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _dispatch(x, ids, w, workspace_id, peer, recipe):
+    return _send_rows(x, ids, w, workspace_id, peer, recipe)
 
 
-def _dispatch_bwd(workspace_id, peer, ids, cotangents):
-    # all_to_all is its own transpose: send the cotangents back the same way.
+def _dispatch_fwd(x, ids, w, workspace_id, peer, recipe):
+    # A zero-size slice carries x's dtype (residuals must be arrays).
+    return _send_rows(x, ids, w, workspace_id, peer, recipe), (ids, x.reshape(-1)[:0])
+
+
+def _dispatch_bwd(workspace_id, peer, recipe, residuals, cotangents):
+    # all_to_all is its own transpose: send the cotangents back the same way (FP8: straight
+    # through, in x's dtype, as the XLA transport's).
+    del recipe
+    ids, like = residuals
     ct_x, _, ct_w = cotangents
-    back_x, _, back_w = _exchange(ct_x, jnp.zeros(ids.shape, jnp.int32),
+    back_x, _, back_w = _exchange(ct_x.astype(like.dtype), jnp.zeros(ids.shape, jnp.int32),
                                   ct_w.astype(jnp.float32), workspace_id, REVERSE_DISPATCH, peer)
     return back_x, None, back_w
 
@@ -88,7 +107,8 @@ _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
 def combine(rows: jax.Array, home_row: jax.Array, workspace_id: int,
-            source_token: jax.Array | None = None, peer: PeerTuning | None = None) -> jax.Array:
+            source_token: jax.Array | None = None, peer: PeerTuning | None = None,
+            recipe: str | None = None, dtype=None) -> jax.Array:
     """Sends each rank's expert results home and reduces them per token in rank order.
 
     Args:
@@ -101,31 +121,39 @@ def combine(rows: jax.Array, home_row: jax.Array, workspace_id: int,
         when the caller has it: the backward then gathers ``dy`` into rows instead of scattering
         it (the same values).
       peer: the exchange's :class:`jax_mok.PeerTuning` (None: the defaults).
+      recipe: an FP8 recipe: the cotangent rows (dy) travel to the experts quantized and arrive
+        as float32 ``deq(Q(dy))`` (rows' dtype then float32). None: unquantized.
+      dtype: the dtype the rows travel home in (x's; None: the rows' own).
 
     Returns:
       ``y [T, H]`` float32, ``y[t] = sum_{d = 0..EP-1, home_row[t, d] >= 0} result_d[home_row]``.
     """
     if source_token is None:
         source_token = jnp.zeros((0, 0), jnp.int32)
-    return _combine(rows, home_row, source_token, workspace_id, peer or PeerTuning())
+    dtype = jnp.dtype(rows.dtype if dtype is None else dtype)
+    return _combine(rows, home_row, source_token, workspace_id, peer or PeerTuning(), recipe,
+                    dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _combine(rows, home_row, source_token, workspace_id, peer):
-    return _combine_call(rows, home_row, workspace_id, COMBINE, peer)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _combine(rows, home_row, source_token, workspace_id, peer, recipe, dtype):
+    del recipe
+    return _combine_call(rows.astype(dtype), home_row, workspace_id, COMBINE, peer)
 
 
-def _combine_fwd(rows, home_row, source_token, workspace_id, peer):
-    # A zero-size array carries R and the dtype (residuals must be arrays).
+def _combine_fwd(rows, home_row, source_token, workspace_id, peer, recipe, dtype):
+    del recipe
+    # A zero-size array carries R and the rows' dtype (residuals must be arrays).
     like = jnp.zeros((0, rows.shape[1]), rows.dtype)
-    y = _combine_call(rows, home_row, workspace_id, COMBINE, peer)
+    y = _combine_call(rows.astype(dtype), home_row, workspace_id, COMBINE, peer)
     return y, (home_row, source_token, like)
 
 
-def _combine_bwd(workspace_id, peer, residuals, ct_y):
+def _combine_bwd(workspace_id, peer, recipe, dtype, residuals, ct_y):
     home_row, source_token, like = residuals
-    (T, ep), R, H, dtype = home_row.shape, like.shape[1], ct_y.shape[1], like.dtype
-    # Reverse combine: dy of token t goes to row home_row[t, d] of the chunk for rank d.
+    (T, ep), R, H = home_row.shape, like.shape[1], ct_y.shape[1]
+    # Reverse combine: dy of token t goes to row home_row[t, d] of the chunk for rank d, in the
+    # dtype the rows went home in.
     if source_token.size:  # a gather by each row's token
         grad = gather_rows(ct_y.astype(dtype), jnp.minimum(source_token, T - 1),
                            source_token >= T)
@@ -136,8 +164,13 @@ def _combine_bwd(workspace_id, peer, residuals, ct_y):
             jnp.broadcast_to(ct_y.astype(dtype)[:, None, :], (T, ep, H)), mode="drop")
     dummy_ids = jnp.zeros((ep, 1, 1), jnp.int32)
     dummy_w = jnp.zeros((ep, 1, 1), jnp.float32)
-    back, _, _ = _exchange(grad, dummy_ids, dummy_w, workspace_id, REVERSE_COMBINE, peer)
-    return back, None, None
+    if recipe is None:
+        back, _, _ = _exchange(grad, dummy_ids, dummy_w, workspace_id, REVERSE_COMBINE, peer)
+    else:
+        back, _, _ = _exchange(fp8_rows.pack_rows(grad, recipe), dummy_ids, dummy_w,
+                               workspace_id, REVERSE_COMBINE, peer)
+        back = fp8_rows.unpack_rows(back, recipe, H)
+    return back.astype(like.dtype), None, None
 
 
 _combine.defvjp(_combine_fwd, _combine_bwd)
@@ -187,24 +220,31 @@ class PeerTransport:
       workspace_id: from :func:`jax_mok.ep.workspace.workspace_for`.
       implementation, save_activations: of the local kernels.
       tuning: the call's resolved :class:`jax_mok.Tuning` (its ``kernel`` and ``peer`` parts).
+      quantization: the FP8 recipe of the experts, or None (MoEConfig.quantization): with one,
+        the staged calls with quantized rows (module docstring).
+      weight_grads: the FP8 layer's weight-gradient mode ("fp8" under expert parallelism).
     """
 
     workspace_id: int
     implementation: str
     save_activations: bool | None
     tuning: Tuning
+    quantization: str | None = None
+    weight_grads: str = "fp8"
 
     def experts(self, packed: Packed, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
-        kernel, peer = self.tuning.kernel, self.tuning.peer
-        if uses_fused_calls(self.implementation):
+        kernel, peer, recipe = self.tuning.kernel, self.tuning.peer, self.quantization
+        if recipe is None and uses_fused_calls(self.implementation):
             save = autodiff.resolve_save_activations(self.implementation, self.save_activations)
             return _fused_experts(packed.x, packed.ids, packed.weights, packed.home_row,
                                   packed.source_token, w_gate_up, w_down, self.workspace_id,
                                   save, kernel, peer)
-        received = dispatch(packed.x, packed.ids, packed.weights, self.workspace_id, peer)
+        received = dispatch(packed.x, packed.ids, packed.weights, self.workspace_id, peer,
+                            recipe)
         out = experts_on_rows(*received, w_gate_up, w_down, self.implementation,
-                              self.save_activations, self.tuning)
-        return combine(out, packed.home_row, self.workspace_id, packed.source_token, peer)
+                              self.save_activations, self.tuning, recipe, self.weight_grads)
+        return combine(out, packed.home_row, self.workspace_id, packed.source_token, peer,
+                       recipe, packed.x.dtype)
 
 
 __all__ = ["COMBINE", "DISPATCH", "REVERSE_COMBINE", "REVERSE_DISPATCH", "PeerTransport",
