@@ -2,6 +2,7 @@
 
     python3 tools/ep_bench.py --out OUT/ep.jsonl [--shapes S1,S2] [--tokens 4096,8192,16384]
         [--expert-scale 1] [--reps 10] [--inner 20] [--budget-s S] [--platform gpu]
+        [--quantization fp8_block|mxfp8]   # FP8 layers: the rows travel packed (values + scales)
     python3 tools/ep_table.py OUT/ep.jsonl [OUT/ep_torch.jsonl]   # the markdown table
 
 Per (shape, tokens per GPU, routing): forward and forward+backward (``jax.grad`` of the sum) of
@@ -58,6 +59,7 @@ from benchmarks import problems
 from jax_mok import testing, tuning
 from jax_mok.ep import peer, workspace
 from jax_mok.ep.layer import shard_map
+from jax_mok.quantization import rows as fp8_rows
 from jax_mok.routing import route
 
 _REPS = 10
@@ -253,6 +255,13 @@ def main() -> None:
         help="MoEConfig.router_precision of every layer (the router GEMM; B5 has no router)",
     )
     ap.add_argument(
+        "--quantization",
+        default=None,
+        choices=("fp8_block", "mxfp8"),
+        help="MoEConfig.quantization of every layer (fp8_weight_gradients='fp8': the rows travel "
+        "quantized on both transports); default: bf16",
+    )
+    ap.add_argument(
         "--budget-s",
         type=float,
         default=1e9,
@@ -269,7 +278,7 @@ def main() -> None:
     transports = ("xla", "peer") if ok else ("xla",)
 
     def programs_for(t):
-        def layer(x, p):
+        def layer(x, p):  # "peer" by name: "auto" keeps "xla" for FP8 (jax_mok.ep.plan)
             return jax_mok.moe(x, p, mesh=mesh, transport=t)
 
         return {"fwd": _programs(layer), "fwd_bwd": _programs(_loss(layer))}
@@ -292,8 +301,10 @@ def main() -> None:
         for name, tokens in configs:  # token-major: the first token count covers every shape
             shape = testing.SHAPES[name]
             experts = max(ep, shape.experts // args.expert_scale)
-            config = dataclasses.replace(shape.config(), num_experts=experts,
-                                         router_precision=args.router_precision)
+            config = dataclasses.replace(
+                shape.config(), num_experts=experts, router_precision=args.router_precision,
+                quantization=args.quantization,
+                fp8_weight_gradients="fp8" if args.quantization else None)
             if name not in params_cache:
                 params_cache.clear()  # one shape's weights at a time
                 params = jax_mok.init_params(jax.random.key(0), config)
@@ -320,6 +331,10 @@ def main() -> None:
                     # from that call; deferred: reported at the next call (ep_handlers.cu)
                     "peer_check": tuning.resolve().peer.check,
                     "router_precision": args.router_precision,
+                    "quantization": args.quantization,
+                    # bytes of one row to the experts on either transport (FP8: pack_rows)
+                    "row_bytes": (fp8_rows.packed_width(shape.hidden, args.quantization)
+                                  if args.quantization else 2 * shape.hidden),
                     # tuning fields JAX_MOK_TUNING sets for this run (gpu_check_ep.sh EP_ALSO)
                     "switches": {k: v for k, v in sorted((tuning.read("JAX_MOK_TUNING")
                                                           or {}).items()) if k != "check"},
