@@ -231,3 +231,26 @@ def test_rows_to_the_experts_take_about_half_the_bytes(recipe, dtype):
     # What comes home is unchanged: results and dx in x's dtype.
     assert fp8["return"] == bf16["return"] * jnp.dtype(dtype).itemsize // 2
     assert fp8["dx"] - fp8["return"] == bf16["dx"] - bf16["return"]
+
+
+@pytest.mark.parametrize("recipe", ["fp8_block", "mxfp8"])
+@pytest.mark.parametrize("h", [8, 96, 200, 256, 1056])
+def test_packed_rows_round_trip(recipe, h):
+    """pack_rows / unpack_rows (what either transport moves): the unpacked rows are the recipe's
+    deq(Q(rows)) bit for bit, including partial scale blocks (H not a multiple of the block) and
+    non-finite values; a packed row is a multiple of 16 bytes and never wider than a bfloat16
+    row (so it fits the peer workspace sized for x's rows); a wrong width is refused."""
+    from jax_mok.quantization import blocks
+    from jax_mok.quantization import rows as fp8_rows
+
+    x = jax.random.normal(jax.random.key(h), (2, 3, h)) * 50.0
+    x = x.at[0, 0, 0].set(jnp.inf).at[1, 2, -1].set(0.0)
+    packed = fp8_rows.pack_rows(x.astype(jnp.bfloat16), recipe)
+    width = fp8_rows.packed_width(h, recipe)
+    assert packed.dtype == jnp.uint8 and packed.shape == (2, 3, width)
+    assert width % 16 == 0 and width <= 2 * h
+    got = fp8_rows.unpack_rows(packed, recipe, h)
+    want = blocks.fake_quantize(x.astype(jnp.bfloat16), recipe)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="bytes wide"):
+        fp8_rows.unpack_rows(packed[..., :-16], recipe, h)
