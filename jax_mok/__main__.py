@@ -109,7 +109,8 @@ def _ep_transport() -> str:
     ok, reason = workspace.peer_transport_available(mesh, "expert")
     default = plan.default_transport()
     if ok:
-        return f"transport 'peer' available ({reason}); JAX_MOK_TRANSPORT={default}"
+        return (f"transport 'peer' available ({reason}; FP8 layers: 'xla' unless "
+                f"transport='peer' is passed); JAX_MOK_TRANSPORT={default}")
     return f"transport 'xla' ({reason}); JAX_MOK_TRANSPORT={default}"
 
 
