@@ -30,4 +30,5 @@ OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C QUANT_SHAPES=S4 QUANT_TI
    timeout 150 python3 tools/kernel_timings.py profile --shapes S1,S2,S3,S6 --quantization $q \
      > "$OUT/profile_$q.log" 2>&1; echo "profile $q rc=$?"
  done
- cd "$OUT" && tar czf profiles.tgz profile_*.log sw_fp8.log && rm -f profile_*.log sw_fp8.log)
+)
+OUT=$OUT bash tools/pack_out.sh  # at most 8 files come back: the rest in one archive
