@@ -81,6 +81,15 @@ def test_inference_lowers_to_one_fused_call_on_cpu(monkeypatch, implementation):
     assert "mok_moe_fwd" not in text  # the local experts: inside the fused call, or pure JAX
 
 
+def _assert_trees_close(got, want, tol):
+    """Every leaf of ``got`` within relative error ``tol`` of ``want``'s (the same tree), the
+    failing leaf named."""
+    for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got),
+                            strict=True):
+        err = testing.rel_error(g, w)
+        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+
+
 class _HostExchange:
     """The peer transport's semantics on CPU devices: each rank's chunks meet in a host-side
     rendezvous (pure_callback), keyed by (group, call number), as the kernels' epochs key them.
@@ -146,10 +155,7 @@ def test_emulated_peer_glue_equals_xla_transport(monkeypatch, data, ep, capacity
     assert testing.rel_error(y1, y0) < 1e-6
     np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
     assert int(aux1["dropped_tokens"]) == int(aux0["dropped_tokens"])
-    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
-                                 strict=True):
-        err = testing.rel_error(got, want)
-        assert err < 1e-6, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+    _assert_trees_close(g1, g0, 1e-6)
 
 
 @pytest.mark.parametrize("recipe", ["fp8_block", "mxfp8"])
@@ -180,10 +186,7 @@ def test_emulated_peer_fp8_equals_xla_transport(monkeypatch, recipe, data, ep):
     assert width / (2 * H) < 0.55
     np.testing.assert_array_equal(np.asarray(y1, np.float32), np.asarray(y0, np.float32))
     np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
-    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
-                                 strict=True):
-        err = testing.rel_error(got, want)
-        assert err < 1e-6, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+    _assert_trees_close(g1, g0, 1e-6)
 
 
 def test_fp8_staged_program_lowers_on_cpu(monkeypatch):
@@ -232,10 +235,7 @@ def test_values_and_gradients_equal_xla_transport(dtype, capacity_factor):
     assert testing.rel_error(y1, y0) < tol
     np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
     assert int(aux1["dropped_tokens"]) == int(aux0["dropped_tokens"])
-    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
-                                 strict=True):
-        err = testing.rel_error(got, want)
-        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+    _assert_trees_close(g1, g0, tol)
 
 
 @pytest.mark.multigpu
@@ -253,10 +253,7 @@ def test_fp8_values_and_gradients_equal_xla_transport(recipe):
     tol = testing.tolerance(jnp.float32)  # the same operands; float32 summation order only
     assert testing.rel_error(y1, y0) < tol
     np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
-    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
-                                 strict=True):
-        err = testing.rel_error(got, want)
-        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+    _assert_trees_close(g1, g0, tol)
 
 
 @pytest.mark.multigpu
@@ -283,10 +280,7 @@ def test_single_device_step_then_peer_step():
     tol = testing.tolerance(jnp.float32)
     assert abs(float(v1) - float(v0)) <= tol * abs(float(v0))
     assert testing.rel_error(dx1, dx0) < tol
-    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(dp0), jax.tree.leaves(dp1),
-                                 strict=True):
-        err = testing.rel_error(got, want)
-        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+    _assert_trees_close(dp1, dp0, tol)
 
 
 @pytest.mark.multigpu
@@ -405,10 +399,7 @@ def test_fused_training_step_equals_xla_transport(dtype, capacity_factor, save):
     tol = testing.tolerance(dtype)
     assert testing.rel_error(y1, y0) < tol
     np.testing.assert_array_equal(aux1["expert_counts"], aux0["expert_counts"])
-    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1),
-                                 strict=True):
-        err = testing.rel_error(got, want)
-        assert err < tol, f"gradient {jax.tree_util.keystr(path)}: rel error {err}"
+    _assert_trees_close(g1, g0, tol)
 
 
 def test_fused_training_step_lowers_to_its_calls_on_cpu(monkeypatch):

@@ -75,21 +75,25 @@ def dispatch(x: jax.Array, ids: jax.Array, w: jax.Array, workspace_id: int,
     return _dispatch(x, ids, w, workspace_id, peer or PeerTuning(), recipe)
 
 
-def _send_rows(x, ids, w, workspace_id, peer, recipe):
+def _exchange_rows(rows, ids, w, workspace_id: int, phase: int, peer: PeerTuning,
+                   recipe: str | None):
+    """:func:`_exchange` of rows towards the experts: with an FP8 recipe they travel packed
+    (:func:`jax_mok.quantization.rows.pack_rows`) and arrive as float32 ``deq(Q(rows))``."""
     if recipe is None:
-        return _exchange(x, ids, w, workspace_id, DISPATCH, peer)
-    rx, rids, rw = _exchange(fp8_rows.pack_rows(x, recipe), ids, w, workspace_id, DISPATCH, peer)
-    return fp8_rows.unpack_rows(rx, recipe, x.shape[-1]), rids, rw
+        return _exchange(rows, ids, w, workspace_id, phase, peer)
+    got, rids, rw = _exchange(fp8_rows.pack_rows(rows, recipe), ids, w, workspace_id, phase, peer)
+    return fp8_rows.unpack_rows(got, recipe, rows.shape[-1]), rids, rw
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _dispatch(x, ids, w, workspace_id, peer, recipe):
-    return _send_rows(x, ids, w, workspace_id, peer, recipe)
+    return _exchange_rows(x, ids, w, workspace_id, DISPATCH, peer, recipe)
 
 
 def _dispatch_fwd(x, ids, w, workspace_id, peer, recipe):
     # A zero-size slice carries x's dtype (residuals must be arrays).
-    return _send_rows(x, ids, w, workspace_id, peer, recipe), (ids, x.reshape(-1)[:0])
+    out = _exchange_rows(x, ids, w, workspace_id, DISPATCH, peer, recipe)
+    return out, (ids, x.reshape(-1)[:0])
 
 
 def _dispatch_bwd(workspace_id, peer, recipe, residuals, cotangents):
@@ -164,12 +168,8 @@ def _combine_bwd(workspace_id, peer, recipe, dtype, residuals, ct_y):
             jnp.broadcast_to(ct_y.astype(dtype)[:, None, :], (T, ep, H)), mode="drop")
     dummy_ids = jnp.zeros((ep, 1, 1), jnp.int32)
     dummy_w = jnp.zeros((ep, 1, 1), jnp.float32)
-    if recipe is None:
-        back, _, _ = _exchange(grad, dummy_ids, dummy_w, workspace_id, REVERSE_COMBINE, peer)
-    else:
-        back, _, _ = _exchange(fp8_rows.pack_rows(grad, recipe), dummy_ids, dummy_w,
-                               workspace_id, REVERSE_COMBINE, peer)
-        back = fp8_rows.unpack_rows(back, recipe, H)
+    back, _, _ = _exchange_rows(grad, dummy_ids, dummy_w, workspace_id, REVERSE_COMBINE, peer,
+                                recipe)
     return back.astype(like.dtype), None, None
 
 

@@ -57,10 +57,16 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 // rows t / 8 + 16 j (8 consecutive threads per 128-byte row: full lines in global memory), whose
 // swizzled offsets differ by 16 rows. Not unrolled: unrolled, the copies' loads were hoisted
 // ahead of their stores and spilled the FP8 kernels' registers.
+// Thread t's first chunk (row t / 8, chunk t % 8) in a buffer; its others are 2048 bytes apart.
+__device__ __forceinline__ uint32_t chunk_offset(int t) {
+  const int row0 = t >> 3, chunk = t & 7;
+  return row0 * 128 + (((chunk ^ row0) & 7) << 4);
+}
+
 template <class F>
 __device__ __forceinline__ void for_each_chunk(int t, F&& f) {
   const int row0 = t >> 3, chunk = t & 7;
-  const uint32_t off0 = row0 * 128 + (((chunk ^ row0) & 7) << 4);
+  const uint32_t off0 = chunk_offset(t);
 #pragma unroll 1
   for (int j = 0; j < 4; ++j) f(row0 + 16 * j, chunk, off0 + 2048 * j);
 }
@@ -236,8 +242,7 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
     warpgroup_sync(wg);
     if constexpr (kPrefetch) {
       if (pass + 1 < BN / 64) {  // the chunks for_each_chunk gives this thread, rows t / 8 + 16 j
-        const int row0 = t >> 3, chunk = t & 7;
-        const uint32_t off0 = row0 * 128 + (((chunk ^ row0) & 7) << 4);
+        const uint32_t off0 = chunk_offset(t);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           st_shared16(eb.buf[0] + off0 + 2048 * j, next[0][j]);
