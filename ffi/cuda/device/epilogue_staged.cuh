@@ -147,13 +147,6 @@ __device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& 
   }
 }
 
-// JAX_MOK_SWIGLU_PREFETCH (CMake, until its GPU A/B): swiglu_bwd_staged loads the next pass's h
-// into registers while the current pass computes and leaves, instead of waiting for each pass's
-// h at the pass's start. Same values in the same buffers: the outputs are bitwise equal.
-#ifndef JAX_MOK_SWIGLU_PREFETCH
-#define JAX_MOK_SWIGLU_PREFETCH 0
-#endif
-
 // The 16-byte chunks of h's gate (v[0]) and up (v[1]) columns f0.. f0 + 63 that thread t copies
 // (for_each_chunk's rows and chunk), from global memory into registers; zeros past w.rows or F
 // (as cp_async_16's zero fill). h is read once, here: evict-first.
@@ -181,14 +174,15 @@ __device__ __forceinline__ void st_shared16(uint32_t addr, const uint4& v) {
 }
 
 // kSwiGLUBwd (acc = g = dy @ Wd^T over BN columns of F): per pass h's gate and up arrive in
-// buffers 0 and 1 (pass 0 by cp.async; with JAX_MOK_SWIGLU_PREFETCH the later passes from
-// registers loaded during the previous pass), dh_gate and dh_up overwrite them in place (each
-// thread reads and writes only its own fragment's elements), w*a goes to buffer 2; then all three
-// leave as rows.
+// buffers 0 and 1, dh_gate and dh_up overwrite them in place (each thread reads and writes only
+// its own fragment's elements), w*a goes to buffer 2; then all three leave as rows. Pass 0's h
+// comes by cp.async; each later pass's h is loaded into registers as soon as the previous pass's h
+// is visible, stays in flight through that pass's math and stores, and is written into the freed
+// buffers after its copy-out — so no pass waits a whole L2/HBM round trip with nothing else in
+// flight (each pass waiting for its own h left four such waits a tile exposed).
 template <int BN, class Acc>
 __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, const EpiBuffers& eb) {
-  constexpr bool kPrefetch = JAX_MOK_SWIGLU_PREFETCH != 0;
   const int F = p.N, row_base = 64 * wg;
   const bf16* h = static_cast<const bf16*>(p.h);
   bf16* dh = static_cast<bf16*>(p.out);
@@ -196,26 +190,21 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
   const FragRows rows(p, w, wg, t, true);
   float dw_rows[2] = {0.f, 0.f};
   const FragOffsets fo(t, 2);
-  auto h_by_cp_async = [&](int f0) {
-    for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
-      const int row = row_base + r, f = f0 + 8 * chunk;
-      const bool ok = row < w.rows && f < F;  // else zero-filled (and never stored)
-      const bf16* src = ok ? h + static_cast<int64_t>(w.row0 + row) * 2 * F + f : h;
-      cp_async_16(eb.buf[0] + off, src, ok);
-      cp_async_16(eb.buf[1] + off, ok ? src + F : h, ok);
-    });
-    cp_async_commit();
-  };
-  uint4 next[2][4];  // kPrefetch: the next pass's h, in flight while this pass runs
-  if constexpr (kPrefetch) h_by_cp_async(w.n_tile * BN);
+  for_each_chunk(t, [&](int r, int chunk, uint32_t off) {  // pass 0's h
+    const int row = row_base + r, f = w.n_tile * BN + 8 * chunk;
+    const bool ok = row < w.rows && f < F;  // else zero-filled (and never stored)
+    const bf16* src = ok ? h + static_cast<int64_t>(w.row0 + row) * 2 * F + f : h;
+    cp_async_16(eb.buf[0] + off, src, ok);
+    cp_async_16(eb.buf[1] + off, ok ? src + F : h, ok);
+  });
+  cp_async_commit();
+  uint4 next[2][4];  // the next pass's h, in flight while this pass runs
 #pragma unroll
   for (int pass = 0; pass < BN / 64; ++pass) {
     const int f0 = w.n_tile * BN + 64 * pass;
-    if constexpr (!kPrefetch) h_by_cp_async(f0);
-    if (!kPrefetch || pass == 0) cp_async_wait<0>();
+    if (pass == 0) cp_async_wait<0>();
     warpgroup_sync(wg);  // h of this pass is in buffers 0 and 1
-    if constexpr (kPrefetch)
-      if (pass + 1 < BN / 64) load_h_pass(p, w, row_base, f0 + 64, t, next);
+    if (pass + 1 < BN / 64) load_h_pass(p, w, row_base, f0 + 64, t, next);
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
@@ -240,14 +229,12 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
       copy16(aw_out + at * F + f, eb.buf[2] + off);
     });
     warpgroup_sync(wg);
-    if constexpr (kPrefetch) {
-      if (pass + 1 < BN / 64) {  // the chunks for_each_chunk gives this thread, rows t / 8 + 16 j
-        const uint32_t off0 = chunk_offset(t);
+    if (pass + 1 < BN / 64) {  // the chunks for_each_chunk gives this thread, rows t / 8 + 16 j
+      const uint32_t off0 = chunk_offset(t);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          st_shared16(eb.buf[0] + off0 + 2048 * j, next[0][j]);
-          st_shared16(eb.buf[1] + off0 + 2048 * j, next[1][j]);
-        }
+      for (int j = 0; j < 4; ++j) {
+        st_shared16(eb.buf[0] + off0 + 2048 * j, next[0][j]);
+        st_shared16(eb.buf[1] + off0 + 2048 * j, next[1][j]);
       }
     }
   }

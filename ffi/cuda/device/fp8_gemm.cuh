@@ -282,15 +282,10 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   int stage = 0, phase = 0, held = 0;
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
-  constexpr int kSkew = !kHeld && kShape == TileShape::kRoutedM ? kWgSkewStages<kStages> : 0;
-  WarpgroupSkew skew(kSkew > 0);  // mainloop_sm90.cuh
   for (int it = 0;; ++it) {
     const int tile =
         dynamic ? next_tile(s.tiles, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
-    if (tile < 0 || tile >= total) {
-      if constexpr (kSkew > 0) skew.release(wg);  // no tile at all: the pair still meets
-      break;
-    }
+    if (tile < 0 || tile >= total) break;
     const WorkTile w = decode_tile<kScheduleOf<kShape>>(p, tile, s_prefix, s_offset);
     if constexpr (kHeld && kEpi == Epi8::kSwiGLUBwd) prefetch_h_to_l2<kBN>(p.epi, w, wg, t);
 #pragma unroll
@@ -301,9 +296,6 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
     // with the ring. Its accumulators stay zero, and no epilogue stores a row past w.rows.
     // (The weight gradients' M is H or F: a multiple of 128 in the FP8 layer.)
     const bool idle = kShape == TileShape::kRoutedM && 64 * wg >= w.rows;
-    if constexpr (kSkew > 0) {
-      if (wg == 1) skew.release(wg);
-    }
     for (int k0 = 0; k0 < w.k_len; k0 += kBK) {
       mbar_wait(&s.full[stage], phase);
       fence_proxy_async();  // cp.async wrote A through the generic proxy; wgmma reads async
@@ -355,9 +347,7 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
       else if (t == 0)
         mbar_arrive(&s.empty[stage]);  // this warpgroup is done with the stage
       if (++stage == kStages) stage = 0, phase ^= 1;
-      if constexpr (kSkew > 0) skew.lead_stage(wg, kSkew);
     }
-    if constexpr (kSkew > 0) skew.release(wg);  // the lead's first tile was shorter
     auto value = [&](int i) { return acc[i]; };
     if constexpr (kHeld) {
       consumer_sync();  // both warpgroups' wgmmas are done reading the held stage

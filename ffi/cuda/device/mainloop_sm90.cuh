@@ -80,40 +80,6 @@ __device__ __forceinline__ uint32_t swizzled(int mn, int k) {
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
 
-// JAX_MOK_WG_SKEW (CMake, until its GPU A/B; 0 = off): in the routed-M kernels whose epilogue
-// ties the two consumer warpgroups to nothing (no held stage; staging is per warpgroup), the
-// second warpgroup starts its first tile only once the first has taken min(JAX_MOK_WG_SKEW, ring
-// depth) stages of it. Both read every stage, so the lead stays bounded by the ring (a stage is
-// refilled once both handed it back); while one warpgroup runs its epilogue the other still has
-// wgmmas to issue, instead of both storing while the tensor pipe idles. Each warpgroup's
-// arithmetic is unchanged: the outputs are bitwise equal. The lead cannot deadlock: the first
-// warpgroup's stages 0..skew-1 fill without any hand-back (skew <= ring depth).
-#ifndef JAX_MOK_WG_SKEW
-#define JAX_MOK_WG_SKEW 0
-#endif
-template <int kStages>
-constexpr int kWgSkewStages = JAX_MOK_WG_SKEW < kStages ? JAX_MOK_WG_SKEW : kStages;
-// Named barrier 5 (1: producer, 2: consumers, 3-4: one consumer warpgroup): the lead's one
-// arrival (warpgroup 0, after its skew-th stage or at its end) and the follower's one wait.
-struct WarpgroupSkew {
-  bool pending;
-  int taken;
-  __device__ __forceinline__ explicit WarpgroupSkew(bool on) : pending(on), taken(0) {}
-  // The lead, after each stage it took.
-  __device__ __forceinline__ void lead_stage(int wg, int skew) {
-    if (pending && wg == 0 && ++taken == skew) release(wg);
-  }
-  // The follower before its first stage; the lead at the end of its first tile or without one.
-  __device__ __forceinline__ void release(int wg) {
-    if (!pending) return;
-    pending = false;
-    if (wg == 0)
-      asm volatile("bar.arrive 5, 256;\n" ::: "memory");
-    else
-      asm volatile("bar.sync 5, 256;\n" ::: "memory");
-  }
-};
-
 // The dynamic tile order's ends (pipeline.cuh: TileRing), both kernels' routed-M GEMMs. `walk`
 // goes over the ring's slots as PipelineState goes over a stage ring.
 __device__ __forceinline__ void init_tile_ring(TileRing& r) {
@@ -409,8 +375,6 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   PipelineState<kStages> pipe;
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
-  constexpr int kSkew = !kHeld && kMode != Mode::kRoutedK ? kWgSkewStages<kStages> : 0;
-  WarpgroupSkew skew(kSkew > 0);
   for (int it = 0;; ++it) {
     const int tile =
         dynamic ? next_tile(ring, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
@@ -419,9 +383,6 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
     if constexpr (kEpi == Epi::kSwiGLUBwd) prefetch_h_to_l2<BN>(p, w, wg - 1, t);
     clear(acc);
     int prev = -1;
-    if constexpr (kSkew > 0) {
-      if (wg == 2) skew.release(1);
-    }
     for (int k0 = 0; k0 < w.k_len; k0 += BK) {
       mbar_wait(&full[pipe.stage], pipe.phase);
       // Routed-K: the expert's last k-block runs only the 16-position wgmma steps that hold one
@@ -469,9 +430,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       if (prev >= 0 && t == 0) mbar_arrive(&empty[prev]);
       prev = pipe.stage;
       pipe.advance();
-      if constexpr (kSkew > 0) skew.lead_stage(wg - 1, kSkew);
     }
-    if constexpr (kSkew > 0) skew.release(wg - 1);  // the lead's first tile was shorter
     warpgroup_wait<0>();
     if constexpr (kHeld) {
       static_assert(Cfg::kStageBytesA == 16384 && Cfg::kStageBytesB == 32768, "six 8 KB areas");
@@ -497,7 +456,6 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
     }
   }
-  if constexpr (kSkew > 0) skew.release(wg - 1);  // no tile at all: the pair still meets
   if (kStagedOut && t == 0)
     bulk_wait<0, false>();  // the last boxes are written before the CTA ends
 }
