@@ -254,11 +254,9 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
 // together; the only wait is for the previous tile's boxes to have left the buffer, which they
 // did during this tile's mainloop.
 // Same rounding as run_epilogue (bitwise equal outputs).
-// `sync`: the named barrier's warpgroup (3 + sync) where the caller's threads are not warpgroup wg
-// (an FP8 kernel whose one warpgroup stores both 64-row halves of its tile: fp8_gemm_ind.cuh).
 template <Epi kEpi, int BN, bool kBoxes, bool kWhole = false, class Acc>
 __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
-                                                  int wg, int t, uint32_t buf, int sync = -1) {
+                                                  int wg, int t, uint32_t buf) {
   static_assert(kEpi == Epi::kStoreCast || kEpi == Epi::kWeighted || kEpi == Epi::kStoreRows,
                 "plain row stores only");
   if constexpr (kWhole) {
@@ -290,9 +288,7 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
 #pragma unroll
   for (int pass = 0; pass < BN / 64; ++pass) {
     if (kBoxes && t == 0) bulk_wait<0, true>();  // the previous box has left the buffer
-    warpgroup_sync(
-        sync < 0 ? wg
-                 : sync);  // every thread is done reading the buffer (thread copies, previous pass)
+    warpgroup_sync(wg);  // every thread is done reading the buffer (thread copies, previous pass)
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const float s = rows.weight[(i >> 1) & 1];
@@ -303,14 +299,14 @@ __device__ __forceinline__ void store_rows_staged(const GemmParams& p, const Wor
     const int n0 = w.n_tile * BN + 64 * pass;
     if (boxed) {
       fence_proxy_async();  // the buffer's generic writes, before the async proxy reads them
-      warpgroup_sync(sync < 0 ? wg : sync);
+      warpgroup_sync(wg);
       if (t == 0) {
         tma_store_3d(&p.tmap_out, buf, n0, w.row0 + row_base,
                      kEpi == Epi::kStoreCast ? w.expert : 0);
         bulk_commit();
       }
     } else {
-      warpgroup_sync(sync < 0 ? wg : sync);
+      warpgroup_sync(wg);
       for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
         const int row = row_base + r, n = n0 + 8 * chunk;
         if (row < w.rows && n < p.N) copy16(out + (w.row0 + row) * p.ldo + n, buf + off);

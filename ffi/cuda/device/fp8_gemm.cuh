@@ -418,20 +418,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-}  // namespace mok::cuda::fp8
-
-#ifndef JAX_MOK_FP8_IND_TILES
-#define JAX_MOK_FP8_IND_TILES 0
-#endif
-#include "cuda/device/fp8_gemm_ind.cuh"  // the experiment's kernel (fp8_ind_kernel)
-
-namespace mok::cuda::fp8 {
-
 template <Recipe R, TileShape kShape, bool kBPerRow, Epi8 kEpi, class T>
 cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t stream) {
-  if constexpr (kIndTiles<R, kShape, kBPerRow, kEpi>) {
-    if (ind_smem_bytes(p.experts) <= 227 * 1024) return launch_fp8_ind<kEpi, T>(p, num_sms, stream);
-  }
   const size_t smem = fp8_smem_bytes<R>(p.experts);
   auto* kernel = fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
