@@ -6,8 +6,10 @@
 #   s456   the protocol with peers on S4, S5, S6 (S4's FP8 rows need ~119 GiB: needs_h200), then
 #          the per-phase profile of every recipe on S1, S2, S3, S6
 #   s123   the whole single-GPU suite, then the protocol with peers on S1, S2, S3
-#   e2e    the e2e table: 4 layers, the padded einsum's largest batch from 4 down (2 on an H200
-#          before), jax_mok and fp8_block also at their own best batch, step-time breakdown
+#   e2e    the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an H200 it
+#          ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and fp8_block also at their
+#          own best batch up to 32 (both ran out of memory at 64 on an H200, r22), step-time
+#          breakdown; E2E_TIMEOUT seconds (default 300: the device time left after s456 and s123)
 # Each part stays under the device's 600-s limit (the body is cut at 570 s so that pack_out runs).
 set -uo pipefail
 PART=${1:?usage: call.sh s456|s123|e2e}
@@ -37,8 +39,9 @@ body() {
     e2e)
       cp .device/ext-main/_mok_c*.so jax_mok/
       XLA_FLAGS=--xla_gpu_enable_command_buffer= PYTHONPATH=$PWD JAX_MOK_GIT_COMMIT=$C \
-        timeout 560 python3 -m benchmarks.e2e.run --layers 4 --batch 4 --batch-policy shared \
-        --own-best --own-best-variants jax_mok,jax_mok_fp8_block --breakdown --steps 5 \
+        timeout ${E2E_TIMEOUT:-300} python3 -m benchmarks.e2e.run --layers 4 --batch 2 \
+        --batch-policy shared --own-best --own-best-variants jax_mok,jax_mok_fp8_block \
+        --own-best-cap 32 --breakdown --steps 5 \
         --warmup 2 --max-step-s 30 --out $OUT/e2e > $OUT/e2e.log 2>&1
       echo "e2e rc=$?"; tail -30 $OUT/e2e.log | cut -c1-220 ;;
     *) echo "unknown part $PART"; return 2 ;;
