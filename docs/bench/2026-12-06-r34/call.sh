@@ -4,7 +4,7 @@
 #   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT bash docs/bench/2026-12-06-r34/call.sh PART
 # PART:
 #   s456   the protocol with peers on S4, S5, S6 (S4's FP8 rows need ~119 GiB: needs_h200), then
-#          the per-phase profile of every recipe on S1, S2, S3, S6
+#          the per-phase profile of every recipe on S1, S2, S3, S6 (PROFILES: which recipes)
 #   s123   the whole single-GPU suite, then the protocol with peers on S1, S2, S3
 #   e2e    the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an H200 it
 #          ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and fp8_block also at their
@@ -25,7 +25,7 @@ body() {
   case $PART in
     s456)
       bench S4,S5,S6 330
-      for q in none fp8_block mxfp8; do
+      for q in ${PROFILES:-none fp8_block mxfp8}; do
         echo "=== profile $q"
         JAX_MOK_CUDA_PROFILE=1 PYTHONPATH=$PWD timeout 70 python3 tools/kernel_timings.py profile \
           --shapes S1,S2,S3,S6 --quantization $q > $OUT/profile_$q.log 2>&1
