@@ -6,13 +6,15 @@
 #   s456   the protocol with peers on S4, S5, S6 (S4's FP8 rows need ~119 GiB: needs_h200), then
 #          the per-phase profile of every recipe on S1, S2, S3, S6 (PROFILES: which recipes)
 #   s123   the whole single-GPU suite, then the protocol with peers on S1, S2, S3
+#   skew   jax_mok alone (BF16) with skewed and balanced routing on S1-S6, for issue 22's
+#          "skewed within 1.15x of balanced" (last measured at 2dc886d); ~3 min
 #   e2e    the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an H200 it
 #          ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and fp8_block also at their
 #          own best batch up to 32 (both ran out of memory at 64 on an H200, r22), step-time
 #          breakdown; E2E_TIMEOUT seconds (default 300: the device time left after s456 and s123)
 # Each part stays under the device's 600-s limit (the body is cut at 570 s so that pack_out runs).
 set -uo pipefail
-PART=${1:?usage: call.sh s456|s123|e2e}
+PART=${1:?usage: call.sh s456|s123|skew|e2e}
 C=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
 keep() { (cd $OUT && for f in logs.tgz summary.txt; do [ -f $f ] && mv $f "${f%%.*}_$1.${f#*.}"; done); }
 bench() {
@@ -36,6 +38,11 @@ body() {
         tools/gpu_round.sh suite
       keep suite
       bench S1,S2,S3 $(( 560 - SECONDS )) ;;
+    skew)
+      OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C BENCH_TIMEOUT=240 \
+        BENCH_ARGS="--routing skewed,balanced --impls jax_mok --shapes S1,S2,S3,S4,S5,S6 \
+        --budget-s 210 --item-timeout-s 60" tools/gpu_round.sh bench
+      keep bench_skew ;;
     e2e)
       cp .device/ext-main/_mok_c*.so jax_mok/
       XLA_FLAGS=--xla_gpu_enable_command_buffer= PYTHONPATH=$PWD JAX_MOK_GIT_COMMIT=$C \
