@@ -1,7 +1,7 @@
 #!/bin/bash
 # r34's kernel experiment on any one GPU (an A/B: H100 or H200, both builds in one call):
 #   carry [".device/ext-main", ".device/ext-st16", ".device/ext-st40"]
-#   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT [SHAPES=S1,S2,S3] [DEVS=".device/ext-st40"] [BODY_S=560] bash docs/bench/2026-12-06-r34/stagger.sh
+#   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT [SHAPES=S1,S2,S3] [DEVS=".device/ext-st40"] [BODY_S=560] [SKIP_AB=1: no compare_builds] bash docs/bench/2026-12-06-r34/stagger.sh
 # ext-main: tools/build_ext.sh main (default build); ext-stN: -DJAX_MOK_SM_STAGGER=N*1024 (odd
 # CTAs' consumers start their first routed-M tile N*1024 SM cycles late: ~9 and ~23 us).
 # Why: the routed-M GEMMs' tiles are of equal work, so the SMs run in step — every SM's epilogue
@@ -18,14 +18,16 @@
 set -uo pipefail
 C=${JAX_MOK_GIT_COMMIT:-}
 body() {
-  OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C AB_BASE=.device/ext-main \
-    AB_DEV=".device/ext-st40" AB_TIMEOUT=120 tools/gpu_round.sh ab
-  (cd $OUT && mv logs.tgz logs_ab.tgz; mv summary.txt summary_ab.txt)
+  if [ -z "$SKIP_AB" ]; then
+    OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C AB_BASE=.device/ext-main \
+      AB_DEV=".device/ext-st40" AB_TIMEOUT=120 tools/gpu_round.sh ab
+    (cd $OUT && mv logs.tgz logs_ab.tgz; mv summary.txt summary_ab.txt)
+  fi
   OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C AB_BASE=.device/ext-main \
     AB_DEV="${DEVS:-.device/ext-st40 .device/ext-st16}" AB_SHAPES=${SHAPES:-S1,S2,S3} PROFILE_TIMEOUT=75 \
     tools/gpu_round.sh profab
 }
 export -f body
-OUT=$OUT C=$C SHAPES=${SHAPES:-S1,S2,S3} DEVS=${DEVS:-} timeout ${BODY_S:-560} bash -c body
+OUT=$OUT C=$C SHAPES=${SHAPES:-S1,S2,S3} DEVS=${DEVS:-} SKIP_AB=${SKIP_AB:-} timeout ${BODY_S:-560} bash -c body
 echo "body rc=$?"
 OUT=$OUT bash tools/pack_out.sh
