@@ -282,7 +282,6 @@ __device__ void fp8_consumer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
   int stage = 0, phase = 0, held = 0;
   const bool dynamic = kShape == TileShape::kRoutedM && p.epi.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
-  if constexpr (kShape == TileShape::kRoutedM) stagger_start();
   for (int it = 0;; ++it) {
     const int tile =
         dynamic ? next_tile(s.tiles, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);

@@ -101,24 +101,6 @@ __device__ __forceinline__ int take_tile(TileRing& r, PipelineState<kTileRing>& 
   walk.advance();
   return id;
 }
-#ifndef JAX_MOK_SM_STAGGER
-#define JAX_MOK_SM_STAGGER 0
-#endif
-// Experiment (CMake JAX_MOK_SM_STAGGER: SM clock cycles, 0 = off): the consumers of odd CTAs start
-// their first routed-M tile this late. Tiles of equal work keep the SMs in step — all in their
-// mainloops together (tensor pipe busy, HBM mostly idle), then all in their epilogues together
-// (HBM saturated by every SM's h loads and row stores, tensor pipe idle). Offset by about half a
-// tile's time, one half of the SMs streams its epilogue's bytes while the other half issues
-// wgmmas. Bitwise the same by construction: a tile's values do not depend on which CTA, or when.
-__device__ __forceinline__ void stagger_start() {
-#if JAX_MOK_SM_STAGGER > 0
-  if (blockIdx.x & 1) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < JAX_MOK_SM_STAGGER) {
-    }
-  }
-#endif
-}
 // A consumer thread: the next id.
 __device__ __forceinline__ int next_tile(TileRing& r, PipelineState<kTileRing>& walk) {
   mbar_wait(&r.full[walk.stage], walk.phase);
@@ -393,7 +375,6 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   PipelineState<kStages> pipe;
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
-  if constexpr (kMode != Mode::kRoutedK) stagger_start();
   for (int it = 0;; ++it) {
     const int tile =
         dynamic ? next_tile(ring, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
