@@ -36,7 +36,9 @@
 #            and tools/kernel_timings.py compare of AB_BASE against each of AB_DEV's
 # The steps after ab / profab run with the extension they left in place (AB_DEV's first).
 # The last lines are a summary: each step's exit code and its last result line; the step logs
-# end up in $OUT/logs.tgz (with summary.txt and machine.txt beside it).
+# end up in $OUT/logs.tgz (with summary.txt and machine.txt beside it). ROUND_TAG=name makes
+# them logs_name.tgz and summary_name.txt, so that several rounds of one call share $OUT without
+# a caller renaming anything.
 # Carried wheels: .whl/*.whl (nvidia-cutlass for the CuTe headers; liger-kernel for B6).
 # A prebuilt extension: $EXT_DIR/_mok_c*.so (default .device/ext; built on the CPU machine for
 # Python 3.12 / jax 0.11.2, carried with carry=[".device/ext"]) is used instead of building here
@@ -54,7 +56,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 # session's first commit on every later call), so pass JAX_MOK_GIT_COMMIT=<hash> from here.
 export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PATH=/usr/local/cuda/bin:$PATH
-SUMMARY="$OUT/summary.txt"
+TAG=${ROUND_TAG:+_$ROUND_TAG}
+case "$TAG" in *[!A-Za-z0-9_.-]*) echo "ROUND_TAG=$ROUND_TAG: letters, digits, '_', '.', '-' only"; exit 2 ;; esac
+SUMMARY="$OUT/summary$TAG.txt"
 : > "$SUMMARY"
 # Logs already in $OUT (a caller's, written there while this runs) are not this run's: the
 # archive at the end leaves them where they are.
@@ -290,4 +294,4 @@ step "summary"
 cat "$SUMMARY"
 # A call returns at most 8 files of $OUT: the step logs leave as one archive.
 (cd "$OUT" && logs=$(ls ./*.log 2>/dev/null | grep -vxF "${FOREIGN_LOGS:-/}") \
-  && [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs)
+  && [ -n "$logs" ] && tar czf "logs$TAG.tgz" $logs && rm -f $logs)

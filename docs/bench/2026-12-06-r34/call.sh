@@ -16,12 +16,10 @@
 set -uo pipefail
 PART=${1:?usage: call.sh s456|s123|skew|e2e}
 C=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
-keep() { (cd $OUT && for f in logs.tgz summary.txt; do [ -f $f ] && mv $f "${f%%.*}_$1.${f#*.}"; done); }
 bench() {
-  OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C BENCH_TIMEOUT=$2 \
+  ROUND_TAG=bench_${1//,/} OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C BENCH_TIMEOUT=$2 \
     BENCH_ARGS="--routing balanced --impls jax_mok,B2,B3,B6,fp8 --shapes $1 \
     --budget-s $(( $2 - 30 )) --item-timeout-s 100" tools/gpu_round.sh bench
-  keep "bench_${1//,/}"
 }
 body() {
   case $PART in
@@ -34,15 +32,13 @@ body() {
         echo "profile $q rc=$?"; tail -25 $OUT/profile_$q.log | cut -c1-200
       done ;;
     s123)
-      OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C SUITE_TIMEOUT=260 \
+      ROUND_TAG=suite OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C SUITE_TIMEOUT=260 \
         tools/gpu_round.sh suite
-      keep suite
       bench S1,S2,S3 $(( 560 - SECONDS )) ;;
     skew)
-      OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C BENCH_TIMEOUT=240 \
-        BENCH_ARGS="--routing skewed,balanced --impls jax_mok --shapes S1,S2,S3,S4,S5,S6 \
-        --budget-s 210 --item-timeout-s 60" tools/gpu_round.sh bench
-      keep bench_skew ;;
+      ROUND_TAG=bench_skew OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C \
+        BENCH_TIMEOUT=240 BENCH_ARGS="--routing skewed,balanced --impls jax_mok --shapes S1,S2,S3,S4,S5,S6 \
+        --budget-s 210 --item-timeout-s 60" tools/gpu_round.sh bench ;;
     e2e)
       cp .device/ext-main/_mok_c*.so jax_mok/
       XLA_FLAGS=--xla_gpu_enable_command_buffer= PYTHONPATH=$PWD JAX_MOK_GIT_COMMIT=$C \
@@ -54,7 +50,7 @@ body() {
     *) echo "unknown part $PART"; return 2 ;;
   esac
 }
-export -f body keep bench
+export -f body bench
 export OUT C PART
 timeout 570 bash -c body
 echo "body rc=$?"
