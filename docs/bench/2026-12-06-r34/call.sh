@@ -2,8 +2,9 @@
 # The final-commit device calls of issues 21 and 22 on an H200, at the carried kernels:
 #   carry [".device/ext-main", ".whl"]   (.whl: liger-kernel 0.8.5 for B6, nvidia-cutlass 4.2.0.0)
 #   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT bash docs/bench/2026-12-06-r34/call.sh PIECE [PIECE...]
-# The pieces run in the order given, in one body cut at 570 s (the device's limit is 600 s and
-# pack_out must run); a piece that needs time takes what it is given or what is left:
+# The pieces run in the order given, in one body cut at BODY_S seconds (default 570: the device's
+# limit is 600 s, or less when less device time is left, and pack_out must run); a piece that
+# needs time takes what it is given or what is left:
 #   suite           the whole single-GPU suite (tools/gpu_round.sh suite, 2 processes), 250 s each
 #   bench:SHAPES[:S] the protocol with peers (jax_mok, B2, B3, B6, both FP8 recipes) on SHAPES
 #                   (S4's FP8 rows need ~119 GiB: needs_h200), S seconds (default: what is left)
@@ -19,7 +20,8 @@
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: call.sh PIECE [PIECE...] (suite, bench:SHAPES[:S], profiles, skew, e2e)"; exit 2; }
 C=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
-left() { echo $(( 560 - SECONDS )); }
+BODY_S=${BODY_S:-570}
+left() { echo $(( BODY_S - 10 - SECONDS )); }
 bench() {  # bench SHAPES SECONDS
   ROUND_TAG=bench_${1//,/} OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C \
     BENCH_TIMEOUT=$2 BENCH_ARGS="--routing balanced --impls jax_mok,B2,B3,B6,fp8 --shapes $1 \
@@ -66,7 +68,7 @@ body() {
   done
 }
 export -f body piece bench left
-export OUT C
-timeout 570 bash -c 'body "$@"' body "$@"
+export OUT C BODY_S
+timeout $BODY_S bash -c 'body "$@"' body "$@"
 echo "body rc=$?"
 OUT=$OUT bash tools/pack_out.sh
