@@ -11,8 +11,11 @@
 #            single-device-then-peer sequence once more with PeerTuning(check="deferred")
 #   timings  tools/kernel_timings.py timings for TIMING_SHAPES (default S1..S6), TIMING_QUANT
 #            (bf16 and both FP8 recipes; TIMING_FP8_RUNS: which FP8 runs), then the per-phase
-#            profile of PROFILE_SHAPES (S2; none: skipped) in PROFILE_QUANT (fp8_block);
-#            TIMING_WGRAD: the FP8 runs' MoEConfig.fp8_weight_gradients (fp8 | unquantized)
+#            profile (the step below) unless PROFILE_SHAPES is none; TIMING_WGRAD: the FP8
+#            runs' MoEConfig.fp8_weight_gradients (fp8 | unquantized)
+#   profile  the per-phase profile (JAX_MOK_CUDA_PROFILE=1 tools/kernel_timings.py profile) of
+#            PROFILE_SHAPES (S2) in each recipe of PROFILE_QUANT (fp8_block; a list),
+#            PROFILE_TIMEOUT (120 s) each
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
 #   e2e      python -m benchmarks.e2e.run $E2E_ARGS, E2E_TIMEOUT (200 s)
@@ -129,6 +132,15 @@ run() {  # run NAME TIMEOUT CMD...: the command's output to $OUT/NAME.log, a sum
 # steps would override.
 run_harness() { (unset XLA_PYTHON_CLIENT_MEM_FRACTION; run "$@"); }
 
+# The per-phase profile of PROFILE_SHAPES (S2) in each recipe of PROFILE_QUANT (fp8_block; a
+# space-separated list), one log each, PROFILE_TIMEOUT (120 s) each.
+profiles() {
+  for q in ${PROFILE_QUANT:-fp8_block}; do
+    JAX_MOK_CUDA_PROFILE=1 TAIL=40 run "profile_$q" ${PROFILE_TIMEOUT:-120} \
+      python3 tools/kernel_timings.py profile --shapes ${PROFILE_SHAPES:-S2} --quantization "$q"
+  done
+}
+
 PYTEST="python3 -m pytest -q -p no:cacheprovider -rfE"
 AB_BASE=${AB_BASE:-.device/ext-base} AB_DEV=${AB_DEV:-.device/ext-dev}  # ab, profab
 AB_DEV1=${AB_DEV%% *}  # the first of AB_DEV's builds: the one left in place
@@ -241,10 +253,10 @@ for s in ${STEPS//,/ }; do
         --quantization ${TIMING_QUANT:-none,fp8_block,mxfp8} \
         ${TIMING_FP8_RUNS:+--fp8-runs $TIMING_FP8_RUNS} \
         ${TIMING_WGRAD:+--fp8-weight-grads $TIMING_WGRAD}
-      [ "${PROFILE_SHAPES:-S2}" = none ] ||
-      JAX_MOK_CUDA_PROFILE=1 TAIL=40 run profile ${PROFILE_TIMEOUT:-120} \
-        python3 tools/kernel_timings.py profile --shapes ${PROFILE_SHAPES:-S2} \
-        --quantization ${PROFILE_QUANT:-fp8_block}
+      [ "${PROFILE_SHAPES:-S2}" = none ] || profiles
+      ;;
+    profile)
+      profiles
       ;;
     bench)
       TAIL=60 run_harness bench ${BENCH_TIMEOUT:-420} python3 -m benchmarks.run \

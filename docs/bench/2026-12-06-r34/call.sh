@@ -9,55 +9,44 @@
 #   bench:SHAPES[:S] the protocol with peers (jax_mok, B2, B3, B6, both FP8 recipes) on SHAPES
 #                   (S4's FP8 rows need ~119 GiB: needs_h200), S seconds (default: what is left)
 #   profiles        the per-phase profile of each recipe in PROFILES (none fp8_block mxfp8) on
-#                   S1, S2, S3, S6, 70 s each
+#                   S1, S2, S3, S6, 70 s each (tools/gpu_round.sh profile)
 #   skew            jax_mok alone (BF16), skewed and balanced routing on S1-S6, for issue 22's
 #                   "skewed within 1.15x of balanced" (last measured at 2dc886d), 240 s
 #   e2e             the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an
 #                   H200 it ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and
 #                   fp8_block also at their own best batch up to 32 (both ran out of memory at 64,
-#                   r22), step-time breakdown; E2E_TIMEOUT seconds (default: what is left)
-# The old part names stay: s456 = bench:S4,S5,S6:330 profiles; s123 = suite bench:S1,S2,S3.
+#                   r22), step-time breakdown; E2E_TIMEOUT seconds (default: what is left
+#                   less gpu_round.sh's set-up)
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: call.sh PIECE [PIECE...] (suite, bench:SHAPES[:S], profiles, skew, e2e)"; exit 2; }
-C=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
+export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
+export OUT EXT_DIR=.device/ext-main  # every piece's gpu_round.sh: the carried extension
 BODY_S=${BODY_S:-570}
 left() { echo $(( BODY_S - 10 - SECONDS )); }
 bench() {  # bench SHAPES SECONDS
-  ROUND_TAG=bench_${1//,/} OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C \
-    BENCH_TIMEOUT=$2 BENCH_ARGS="--routing balanced --impls jax_mok,B2,B3,B6,fp8 --shapes $1 \
+  ROUND_TAG=bench_${1//,/} BENCH_TIMEOUT=$2 BENCH_ARGS="--routing balanced --impls jax_mok,B2,B3,B6,fp8 --shapes $1 \
     --budget-s $(( $2 - 30 )) --item-timeout-s 100" tools/gpu_round.sh bench
 }
 piece() {
   case $1 in
     suite)
-      ROUND_TAG=suite OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C SUITE_TIMEOUT=250 \
-        tools/gpu_round.sh suite ;;
+      ROUND_TAG=suite SUITE_TIMEOUT=250 tools/gpu_round.sh suite ;;
     bench:*)
       local spec=${1#bench:}
       local shapes=${spec%%:*} secs=$(left)
       [ "$spec" != "$shapes" ] && secs=${spec#*:}
       bench "$shapes" "$secs" ;;
     profiles)
-      for q in ${PROFILES:-none fp8_block mxfp8}; do
-        echo "=== profile $q"
-        JAX_MOK_CUDA_PROFILE=1 PYTHONPATH=$PWD timeout 70 python3 tools/kernel_timings.py profile \
-          --shapes S1,S2,S3,S6 --quantization $q > $OUT/profile_$q.log 2>&1
-        echo "profile $q rc=$?"; tail -25 $OUT/profile_$q.log | cut -c1-200
-      done ;;
+      ROUND_TAG=profiles PROFILE_SHAPES=S1,S2,S3,S6 PROFILE_QUANT="${PROFILES:-none fp8_block mxfp8}" \
+        PROFILE_TIMEOUT=70 tools/gpu_round.sh profile ;;
     skew)
-      ROUND_TAG=bench_skew OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C \
-        BENCH_TIMEOUT=240 BENCH_ARGS="--routing skewed,balanced --impls jax_mok \
+      ROUND_TAG=bench_skew BENCH_TIMEOUT=240 BENCH_ARGS="--routing skewed,balanced --impls jax_mok \
         --shapes S1,S2,S3,S4,S5,S6 --budget-s 210 --item-timeout-s 60" tools/gpu_round.sh bench ;;
     e2e)
-      cp .device/ext-main/_mok_c*.so jax_mok/
-      XLA_FLAGS=--xla_gpu_enable_command_buffer= PYTHONPATH=$PWD JAX_MOK_GIT_COMMIT=$C \
-        timeout ${E2E_TIMEOUT:-$(left)} python3 -m benchmarks.e2e.run --layers 4 --batch 2 \
-        --batch-policy shared --own-best --own-best-variants jax_mok,jax_mok_fp8_block \
-        --own-best-cap 32 --breakdown --steps 5 \
-        --warmup 2 --max-step-s 30 --out $OUT/e2e > $OUT/e2e.log 2>&1
-      echo "e2e rc=$?"; tail -30 $OUT/e2e.log | cut -c1-220 ;;
-    s456) piece bench:S4,S5,S6:330; piece profiles ;;
-    s123) piece suite; piece bench:S1,S2,S3 ;;
+      ROUND_TAG=e2e XLA_FLAGS=--xla_gpu_enable_command_buffer= E2E_TIMEOUT=${E2E_TIMEOUT:-$(( $(left) - 40 ))} \
+        E2E_ARGS="--layers 4 --batch 2 --batch-policy shared --own-best \
+        --own-best-variants jax_mok,jax_mok_fp8_block --own-best-cap 32 --breakdown --steps 5 \
+        --warmup 2 --max-step-s 30" tools/gpu_round.sh e2e ;;
     *) echo "unknown piece $1"; return 2 ;;
   esac
 }
@@ -68,7 +57,7 @@ body() {
   done
 }
 export -f body piece bench left
-export OUT C BODY_S
+export BODY_S
 timeout $BODY_S bash -c 'body "$@"' body "$@"
 echo "body rc=$?"
 OUT=$OUT bash tools/pack_out.sh
