@@ -1,0 +1,28 @@
+#!/bin/bash
+# r37's kernel experiment on any one GPU (an A/B, both builds in one call):
+#   carry [".device/ext-main", ".device/ext-apf4"]
+#   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT [SHAPES=S1,S2,S3] [BODY_S=560] [SKIP_AB=1] bash docs/bench/2026-12-07-r37/apf.sh
+# ext-main: the default build (tools/build_ext.sh main); ext-apf4: -DJAX_MOK_A_PREFETCH=4 (the
+# gathered-A producers, BF16 and FP8, ask the L2 for each row's K slice four ring stages ahead).
+# Why (perf-notes, thirty-seventh session, the ncu of S1's BF16 dy·Wdᵀ): its consumers wait at
+# the full barrier 25 % of their samples while DRAM runs at 64 % of peak: the gathered dy rows'
+# cp.async latency, with four 48 KB stages in flight, is not covered.
+# Predictions:
+#   - compare_builds: ext-apf4 bitwise equal to ext-main (the same bytes land in the ring).
+#   - dy·Wdᵀ + SwiGLU bwd (A = gathered dy) −5..−15 % on S1 (BF16 and fp8_block), less on S2/S3;
+#     gate/up (A = gathered x) −0..−8 %; down, dh·Wguᵀ and the weight gradients unchanged (their
+#     A is not gathered through this producer).
+set -uo pipefail
+C=${JAX_MOK_GIT_COMMIT:-}
+body() {
+  if [ -z "$SKIP_AB" ]; then
+    ROUND_TAG=ab OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C AB_BASE=.device/ext-main \
+      AB_DEV=".device/ext-apf4" AB_TIMEOUT=120 tools/gpu_round.sh ab
+  fi
+  ROUND_TAG=profab OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C AB_BASE=.device/ext-main \
+    AB_DEV=".device/ext-apf4" AB_SHAPES=$SHAPES PROFILE_TIMEOUT=75 tools/gpu_round.sh profab
+}
+export -f body
+OUT=$OUT C=$C SHAPES=${SHAPES:-S1,S2,S3} SKIP_AB=${SKIP_AB:-} timeout ${BODY_S:-560} bash -c body
+echo "body rc=$?"
+OUT=$OUT bash tools/pack_out.sh
