@@ -208,7 +208,7 @@ for s in ${STEPS//,/ }; do
       # weight-gradient GEMMs: NCU_NAME_BASE=mangled NCU_KERNEL=ModeE2E, the routed-K wgmma ones).
       # (kernel_timings.py's profile reads the phase times the kernels print: JAX_MOK_CUDA_PROFILE.)
       prof=0; [ "${NCU_WHAT:-forward}" = profile ] && prof=1
-      JAX_MOK_CUDA_PROFILE=$prof XLA_PYTHON_CLIENT_PREALLOCATE=false TAIL=3 run "$n" ${NCU_TIMEOUT:-150} ncu \
+      JAX_MOK_CUDA_PROFILE=${JAX_MOK_CUDA_PROFILE:-$prof} XLA_PYTHON_CLIENT_PREALLOCATE=false TAIL=3 run "$n" ${NCU_TIMEOUT:-150} ncu \
         --clock-control none --set full --import-source no \
         --kernel-name-base ${NCU_NAME_BASE:-function} -k "regex:${NCU_KERNEL:-fp8_gemm_kernel}" \
         --launch-count ${NCU_COUNT:-2} -f -o "/tmp/$n" python3 tools/kernel_timings.py \

@@ -8,5 +8,5 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $gpu"
 case $gpu in
   *H200*) bash docs/bench/2026-12-06-r34/call.sh suite bench:S4,S5,S6 ;;
-  *) JAX_MOK_CUDA_PROFILE=1 bash docs/bench/2026-12-06-r34/ncu.sh ;;
+  *) bash docs/bench/2026-12-06-r34/ncu.sh ;;
 esac
