@@ -8,7 +8,7 @@
 set -uo pipefail
 for q in fp8_block none; do
   if [ $q = none ]; then k='wgmma_gemm_kernelILNS0_4ModeE1ELNS0_3EpiE4E'
-  else k='fp8_gemm_kernelILNS1_6RecipeE2E.*Epi8E2E13__nv_bfloat16'  # Recipe::kBlock = 2; fi
+  else k='fp8_gemm_kernelILNS1_6RecipeE2E.*Epi8E2E13__nv_bfloat16'; fi  # Recipe::kBlock = 2
   ROUND_TAG=$q OUT=$OUT EXT_DIR=.device/ext-main NCU_WHAT=profile NCU_SHAPE=S1 NCU_RECIPE=$q \
     NCU_NAME_BASE=mangled NCU_KERNEL="$k" NCU_COUNT=1 NCU_TIMEOUT=200 tools/gpu_round.sh ncu
 done

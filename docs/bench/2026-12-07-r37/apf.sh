@@ -13,16 +13,11 @@
 #     gate/up (A = gathered x) −0..−8 %; down, dh·Wguᵀ and the weight gradients unchanged (their
 #     A is not gathered through this producer).
 set -uo pipefail
-C=${JAX_MOK_GIT_COMMIT:-}
-body() {
-  if [ -z "$SKIP_AB" ]; then
-    ROUND_TAG=ab OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C AB_BASE=.device/ext-main \
-      AB_DEV=".device/ext-apf4" AB_TIMEOUT=120 tools/gpu_round.sh ab
-  fi
-  ROUND_TAG=profab OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=$C AB_BASE=.device/ext-main \
-    AB_DEV=".device/ext-apf4" AB_SHAPES=$SHAPES PROFILE_TIMEOUT=75 tools/gpu_round.sh profab
-}
-export -f body
-OUT=$OUT C=$C SHAPES=${SHAPES:-S1,S2,S3} SKIP_AB=${SKIP_AB:-} timeout ${BODY_S:-560} bash -c body
+# One gpu_round.sh call runs both steps (ab: compare_builds; profab: per-phase profiles of both
+# builds, BF16 and fp8_block, and their comparison) under the body's limit.
+steps=ab,profab; [ -n "${SKIP_AB:-}" ] && steps=profab
+ROUND_TAG=apf OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-} \
+  AB_BASE=.device/ext-main AB_DEV=.device/ext-apf4 AB_TIMEOUT=120 AB_SHAPES=${SHAPES:-S1,S2,S3} \
+  PROFILE_TIMEOUT=75 timeout ${BODY_S:-560} tools/gpu_round.sh $steps
 echo "body rc=$?"
 OUT=$OUT bash tools/pack_out.sh

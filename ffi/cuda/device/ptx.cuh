@@ -114,14 +114,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 __device__ __forceinline__ void prefetch_l2_at(const void* src) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src) : "memory");
 }
-// How many ring stages ahead a gathered-A producer asks the L2 for its rows' next K slice
-// (CMake JAX_MOK_A_PREFETCH, 0 = never), so that the stage's cp.async finds them in L2 rather
-// than DRAM. Under A/B on the GPU; values cannot change (the same bytes land in the ring).
-#ifndef JAX_MOK_A_PREFETCH
-#define JAX_MOK_A_PREFETCH 0
-#endif
-constexpr int kAPrefetchStages = JAX_MOK_A_PREFETCH;
-
 // Closes this thread's cp.async copies issued since the last commit into one group.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
