@@ -202,16 +202,6 @@ __device__ void fp8_producer(const Fp8GemmParams& p, Fp8Smem<R>& s, const int* s
 #pragma unroll
       for (int i = 0; i < 8; ++i)  // A: 128 rows x 8 chunks of 16 bytes
         cp_async_16(stage_a + 2048 * i, a_src[i] ? a_src[i] + k : p.a, a_src[i] != nullptr);
-      if constexpr (kAPrefetchStages > 0 && kShape == TileShape::kRoutedM) {
-        // Gathered rows: the slice kAPrefetchStages stages ahead, one prefetch per 32-byte
-        // sector (threads of even chunks); whole slices inside the tile's K range only.
-        const int kp = k0 + kAPrefetchStages * kBK;
-        if (p.a_gather != nullptr && (t & 1) == 0 && kp + kBK <= w.k_len) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            if (a_src[i] != nullptr) prefetch_l2_at(a_src[i] + w.k_off + kp);
-        }
-      }
       if (t == 0) {
         mbar_arrive_expect_tx(&s.full[stage], kBN * kBK);
 #pragma unroll

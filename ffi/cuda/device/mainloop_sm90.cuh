@@ -336,17 +336,6 @@ __device__ void producer(const GemmParams& p, const int* s_prefix, const int* s_
           const bool ok = a_src[i] != nullptr && k_ok;
           cp_async_16(stage_a + swizzled<LA>((t >> 3) + 16 * i, kc), ok ? a_src[i] + k0 : a, ok);
         }
-        if constexpr (kAPrefetchStages > 0) {
-          // Gathered rows: the slice kAPrefetchStages stages ahead, one prefetch per 32-byte
-          // sector (threads of even chunks: a chunk is 16 bytes); whole slices only, so it stays
-          // inside the row.
-          const int kp = k0 + kAPrefetchStages * BK;
-          if (p.a_gather != nullptr && (t & 1) == 0 && kp + BK <= p.K) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-              if (a_src[i] != nullptr) prefetch_l2_at(a_src[i] + kp);
-          }
-        }
         if (t == 0) {
           mbar_arrive_expect_tx(&full[pipe.stage], Cfg::kStageBytesB);
           tma_weight_tile<kMode, BN>(p, w, k0, stage_b, &full[pipe.stage]);

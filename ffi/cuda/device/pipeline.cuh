@@ -13,14 +13,6 @@ namespace mok::cuda {
 constexpr int kWgmmaBK = 64;     // K per stage
 constexpr int kWgmmaStages = 4;  // stages in the ring
 
-// How many ring stages ahead a gathered-A producer asks the L2 for its rows' next K slice
-// (CMake JAX_MOK_A_PREFETCH, 0 = never), so that the stage's cp.async finds them in L2 rather
-// than DRAM. Under A/B on the GPU; values cannot change (the same bytes land in the ring).
-#ifndef JAX_MOK_A_PREFETCH
-#define JAX_MOK_A_PREFETCH 0
-#endif
-constexpr int kAPrefetchStages = JAX_MOK_A_PREFETCH;
-
 // Bytes of the optional output staging area: 64 rows × 64 columns of bf16 per consumer warpgroup.
 constexpr int kOutStageBytes = 2 * 64 * 64 * 2;
 

@@ -108,12 +108,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(valid ? 16 : 0)
                : "memory");
 }
-// Asks the L2 for the 32-byte sector (or line) holding `src`: one per thread, at the thread's own
-// address (cp.async.bulk.prefetch takes uniform operands, so per-thread addresses would be
-// issued one lane at a time). Nothing is written and nothing waits for it.
-__device__ __forceinline__ void prefetch_l2_at(const void* src) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src) : "memory");
-}
 // Closes this thread's cp.async copies issued since the last commit into one group.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
