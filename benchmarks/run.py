@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--item-timeout-s", type=float, default=150.0,
                    help="kill a worker whose current item runs longer than this")
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceiling measurements")
+    p.add_argument("--recover", default=None, metavar="OUT",
+                   help="write results.json/.md/.png of a run in OUT that was cut before it "
+                        "wrote them (a device call's time limit), from its workers' logs")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = (5, 1, 2) if args.quick else (20, 3, 3)
@@ -359,12 +362,99 @@ def _result(args: argparse.Namespace, argv: list[str] | None, orch: Orchestrator
     return result
 
 
+def _attempt_order(name: str) -> tuple:
+    """Sort key of a worker's log name ``SHAPE-N`` / ``SHAPE-retryN``: attempts, then retries."""
+    attempt = name.rsplit("-", 1)[1]
+    return (1, int(attempt[5:])) if attempt.startswith("retry") else (0, int(attempt))
+
+
+def recover(out_dir: str) -> dict:
+    """results.json's content rebuilt from ``out_dir/logs`` for a run cut by an outer limit
+    (a device call's) before it wrote results.json.
+
+    results.partial.json (written after each finished shape) gives the metadata and ceilings
+    where it exists; the records of every shape come from its workers' event logs in attempt
+    order (a fresh-process retry's record replaces the first). An item that started but has no
+    record was cut there (``timeout``); an item that never started is ``skipped``.
+    """
+    import glob
+
+    from benchmarks.worker import shape_items
+
+    partial_path = os.path.join(out_dir, "results.partial.json")
+    result = {"meta": {}, "ceilings": None, "records": []}
+    if os.path.exists(partial_path):
+        with open(partial_path) as f:
+            result = json.load(f)
+    logs = os.path.join(out_dir, "logs")
+    specs = sorted(glob.glob(os.path.join(logs, "*.spec.json")))
+    if not specs:
+        raise SystemExit(f"--recover {out_dir}: no worker logs in {logs}")
+    by_shape: dict[str, list[str]] = {}
+    for path in specs:
+        name = os.path.basename(path)[: -len(".spec.json")]
+        by_shape.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    records = list(result["records"])  # the finished shapes' (lost items, retries resolved)
+    old = {r["key"] for r in records}
+    machine, cut = {}, []
+    for shape, names in by_shape.items():
+        names.sort(key=_attempt_order)
+        with open(os.path.join(logs, names[0] + ".spec.json")) as f:
+            spec = json.load(f)
+        found: dict[str, dict] = {}
+        started = None
+        for name in names:
+            for e in _read_events(os.path.join(logs, name + ".jsonl")):
+                if e["event"] == "machine":
+                    machine = machine or {k: v for k, v in e.items() if k != "event"}
+                elif e["event"] == "ceilings" and result["ceilings"] is None:
+                    result["ceilings"] = {k: v for k, v in e.items() if k != "event"}
+                elif e["event"] == "start":
+                    started = e["key"]
+                elif e["event"] == "record":
+                    e.pop("event")
+                    found[e["key"]] = e
+        for item in shape_items(shape, spec["routings"], spec["passes"], spec["impls"]):
+            key = item["key"]
+            if key in old:
+                continue
+            if key in found:
+                records.append(found[key])
+            else:
+                status = "timeout" if key == started else "skipped"
+                reason = ("the run was cut during this item" if key == started
+                          else "not started before the run was cut")
+                records.append({**item, "status": status, "reason": reason})
+                cut.append(key)
+    meta = result["meta"]
+    meta.setdefault("machine", machine)
+    meta["recovered"] = (f"rebuilt from {len(specs)} worker logs (python -m benchmarks.run "
+                         f"--recover); {len(cut)} items cut or not started")
+    stamp = {"device_kind": machine.get("device_kind"), "gpu_name": machine.get("gpu_name"),
+             "git_commit": meta.get("git_commit"), "jax": machine.get("jax"),
+             "jaxlib": machine.get("jaxlib"), "torch": machine.get("torch"),
+             "liger_kernel": machine.get("liger_kernel")}
+    for record in records:
+        for k, v in stamp.items():
+            record.setdefault(k, v)
+    result["records"] = records
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args._worker:
         from benchmarks import worker
 
         return worker.main(args._worker)
+    if args.recover:
+        from benchmarks import report
+
+        paths = report.write(args.recover, recover(args.recover))
+        with open(paths["md"]) as f:
+            print(f.read())
+        print(f"wrote {', '.join(paths.values())}", flush=True)
+        return 0
     stamp = datetime.datetime.now(datetime.UTC)
     out_dir = args.out or os.path.join(REPO_ROOT, "bench-out",
                                        "run-" + stamp.strftime("%Y%m%d-%H%M%S"))

@@ -141,3 +141,47 @@ def test_oom_not_retried_for_lack_of_time_says_so(tmp_path, monkeypatch):
     assert record["reason"].endswith("RESOURCE_EXHAUSTED: heap")
     table = report.markdown({"meta": {}, "records": [record], "ceilings": None})
     assert "| OOM (not alone) |" in table
+
+
+def test_recover_rebuilds_a_cut_run_from_its_workers_logs(tmp_path):
+    """A run killed by an outer limit inside its last shape: ``--recover`` keeps the finished
+    shapes' records, takes the last shape's from its worker logs (a fresh-process retry's record
+    replacing the first), and names the item it was cut in and those never started."""
+    from benchmarks import run
+    from benchmarks.worker import shape_items
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    done = {"key": "S6/balanced/fwd/jax_mok", "shape": "S6", "routing": "balanced",
+            "pass": "fwd", "impl": "jax_mok", "status": "error", "reason": "test"}
+    (tmp_path / "results.partial.json").write_text(json.dumps(
+        {"meta": {"git_commit": "abc1234"}, "ceilings": {"matmul_tflops": 1.0},
+         "records": [done]}))
+    items = shape_items("S1", ["balanced"], ["fwd", "fwdbwd"], ["jax_mok", "B2"])
+    assert len(items) == 4
+    spec = {"routings": ["balanced"], "passes": ["fwd", "fwdbwd"], "impls": ["jax_mok", "B2"]}
+    for name in ("S1-0", "S1-retry0"):
+        (logs / f"{name}.spec.json").write_text(json.dumps(spec))
+
+    def rec(item, status):
+        return {"event": "record", **item, "status": status, "reason": "test"}
+
+    events = [{"event": "machine", "device_kind": "NVIDIA H200", "jax": "0.11.2"},
+              {"event": "start", "key": items[0]["key"]}, rec(items[0], "OOM"),
+              {"event": "start", "key": items[1]["key"]}, rec(items[1], "error"),
+              {"event": "start", "key": items[2]["key"]}]
+    (logs / "S1-0.jsonl").write_text("\n".join(json.dumps(e) for e in events) + '\n{"cut')
+    (logs / "S1-retry0.jsonl").write_text(json.dumps(rec(items[0], "unsupported")) + "\n")
+
+    result = run.recover(str(tmp_path))
+    by_key = {r["key"]: r for r in result["records"]}
+    assert list(by_key) == [done["key"]] + [i["key"] for i in items]
+    assert by_key[done["key"]]["status"] == "error"  # the finished shape's own record
+    assert [by_key[i["key"]]["status"] for i in items] == ["unsupported", "error", "timeout",
+                                                           "skipped"]
+    assert result["ceilings"] == {"matmul_tflops": 1.0}
+    assert by_key[items[1]["key"]]["git_commit"] == "abc1234"
+    assert by_key[items[1]["key"]]["device_kind"] == "NVIDIA H200"
+    assert "2 items cut or not started" in result["meta"]["recovered"]
+    with pytest.raises(SystemExit, match="no worker logs"):
+        run.recover(str(tmp_path / "logs"))
