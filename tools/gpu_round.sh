@@ -16,7 +16,8 @@
 #   profile  the per-phase profile (JAX_MOK_CUDA_PROFILE=1 tools/kernel_timings.py profile) of
 #            PROFILE_SHAPES (S2) in each recipe of PROFILE_QUANT (fp8_block; a list),
 #            PROFILE_TIMEOUT (120 s) each
-#   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table), BENCH_TIMEOUT (420 s)
+#   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table) into $OUT/bench (bench_TAG with
+#            ROUND_TAG), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
 #   e2e      python -m benchmarks.e2e.run $E2E_ARGS, E2E_TIMEOUT (200 s)
 #   suite    the whole single-GPU suite in two processes on GPU 0 (each with 40 % of its memory):
@@ -261,8 +262,9 @@ for s in ${STEPS//,/ }; do
       profiles
       ;;
     bench)
+      # bench$TAG: several rounds of one call (ROUND_TAG) keep their own results and worker logs
       TAIL=60 run_harness bench ${BENCH_TIMEOUT:-420} python3 -m benchmarks.run \
-        --out "$OUT/bench" ${BENCH_ARGS:-}
+        --out "$OUT/bench$TAG" ${BENCH_ARGS:-}
       ;;
     ep)
       if [ "$GPUS" -lt 2 ]; then note "ep: skipped ($GPUS GPU)"; continue; fi

@@ -8,9 +8,15 @@
 #   suite           the whole single-GPU suite (tools/gpu_round.sh suite, 2 processes), 250 s each
 #   bench:SHAPES[:S] the protocol with peers (jax_mok, B2, B3, B6, both FP8 recipes) on SHAPES
 #                   (S4's FP8 rows need ~119 GiB: needs_h200), S seconds (default: what is left)
+#                   (IMPLS, PASSES: the harness's --impls / --passes, default
+#                   jax_mok,B2,B3,B6,fp8 / fwd,fwdbwd; S4's FP8 fwd+bwd alone: IMPLS=jax_mok,fp8
+#                   PASSES=fwdbwd bench:S4:300)
+#   b6:SHAPES       Liger's own autotune (B6, --b6-autotune record) on SHAPES, its winners written
+#                   to the run's b6_configs.json (commit them here: python -m
+#                   benchmarks.peers_liger record <results.json>); 280 s an item, what is left
 #   profiles        the per-phase profile of each recipe in PROFILES (none fp8_block mxfp8) on
 #                   S1, S2, S3, S6, 70 s each (tools/gpu_round.sh profile)
-#   skew            jax_mok alone (BF16), skewed and balanced routing on S1-S6, for issue 22's
+#   skew[:SHAPES]   jax_mok alone (BF16), skewed and balanced routing on SHAPES (S1-S6), issue 22's
 #                   "skewed within 1.15x of balanced" (last measured at 2dc886d), 240 s
 #   e2e             the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an
 #                   H200 it ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and
@@ -18,14 +24,15 @@
 #                   r22), step-time breakdown; E2E_TIMEOUT seconds (default: what is left
 #                   less gpu_round.sh's set-up)
 set -uo pipefail
-[ $# -gt 0 ] || { echo "usage: call.sh PIECE [PIECE...] (suite, bench:SHAPES[:S], profiles, skew, e2e)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: call.sh PIECE [PIECE...] (suite, bench:SHAPES[:S], b6:SHAPES, profiles, skew[:SHAPES], e2e)"; exit 2; }
 export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
 export OUT EXT_DIR=.device/ext-main  # every piece's gpu_round.sh: the carried extension
 BODY_S=${BODY_S:-570}
 left() { echo $(( BODY_S - 10 - SECONDS )); }
 bench() {  # bench SHAPES SECONDS
-  ROUND_TAG=bench_${1//,/} BENCH_TIMEOUT=$2 BENCH_ARGS="--routing balanced --impls jax_mok,B2,B3,B6,fp8 --shapes $1 \
-    --budget-s $(( $2 - 30 )) --item-timeout-s 100" tools/gpu_round.sh bench
+  ROUND_TAG=bench_${1//,/} BENCH_TIMEOUT=$2 BENCH_ARGS="--routing balanced --impls ${IMPLS:-jax_mok,B2,B3,B6,fp8} \
+    --passes ${PASSES:-fwd,fwdbwd} --shapes $1 --budget-s $(( $2 - 30 )) --item-timeout-s 100" \
+    tools/gpu_round.sh bench
 }
 piece() {
   case $1 in
@@ -36,12 +43,18 @@ piece() {
       local shapes=${spec%%:*} secs=$(left)
       [ "$spec" != "$shapes" ] && secs=${spec#*:}
       bench "$shapes" "$secs" ;;
+    b6:*)
+      local shapes=${1#b6:} secs=$(left)
+      ROUND_TAG=b6_${shapes//,/} BENCH_TIMEOUT=$secs BENCH_ARGS="--routing balanced --impls B6 \
+        --b6-autotune record --shapes $shapes --budget-s $(( secs - 30 )) --item-timeout-s 280" \
+        tools/gpu_round.sh bench ;;
     profiles)
       ROUND_TAG=profiles PROFILE_SHAPES=S1,S2,S3,S6 PROFILE_QUANT="${PROFILES:-none fp8_block mxfp8}" \
         PROFILE_TIMEOUT=70 tools/gpu_round.sh profile ;;
-    skew)
+    skew|skew:*)
+      local shapes=S1,S2,S3,S4,S5,S6; [ "$1" != skew ] && shapes=${1#skew:}
       ROUND_TAG=bench_skew BENCH_TIMEOUT=240 BENCH_ARGS="--routing skewed,balanced --impls jax_mok \
-        --shapes S1,S2,S3,S4,S5,S6 --budget-s 210 --item-timeout-s 60" tools/gpu_round.sh bench ;;
+        --shapes $shapes --budget-s 210 --item-timeout-s 60" tools/gpu_round.sh bench ;;
     e2e)
       ROUND_TAG=e2e XLA_FLAGS=--xla_gpu_enable_command_buffer= E2E_TIMEOUT=${E2E_TIMEOUT:-$(( $(left) - 40 ))} \
         E2E_ARGS="--layers 4 --batch 2 --batch-policy shared --own-best \
