@@ -374,8 +374,10 @@ def recover(out_dir: str) -> dict:
 
     results.partial.json (written after each finished shape) gives the metadata and ceilings
     where it exists; the records of every shape come from its workers' event logs in attempt
-    order (a fresh-process retry's record replaces the first). An item that started but has no
-    record was cut there (``timeout``); an item that never started is ``skipped``.
+    order (a fresh-process retry's record replaces the first). Of the items without a record, the
+    last one started was cut there (``timeout``), one started earlier ended its worker (``lost``:
+    killed at the item limit or crashed, which only the cut orchestrator knew) and one never
+    started is ``skipped``.
     """
     import glob
 
@@ -402,7 +404,7 @@ def recover(out_dir: str) -> dict:
         with open(os.path.join(logs, names[0] + ".spec.json")) as f:
             spec = json.load(f)
         found: dict[str, dict] = {}
-        started = None
+        started, started_in = None, {}
         for name in names:
             for e in _read_events(os.path.join(logs, name + ".jsonl")):
                 if e["event"] == "machine":
@@ -411,6 +413,7 @@ def recover(out_dir: str) -> dict:
                     result["ceilings"] = {k: v for k, v in e.items() if k != "event"}
                 elif e["event"] == "start":
                     started = e["key"]
+                    started_in[started] = name
                 elif e["event"] == "record":
                     e.pop("event")
                     found[e["key"]] = e
@@ -420,16 +423,20 @@ def recover(out_dir: str) -> dict:
                 continue
             if key in found:
                 records.append(found[key])
+                continue
+            if key == started:
+                status, reason = "timeout", "the run was cut during this item"
+            elif key in started_in:  # the orchestrator's verdict went with the cut run
+                status, reason = "lost", (f"its worker ended inside it (killed at the item "
+                                          f"limit, or crashed): logs/{started_in[key]}.log")
             else:
-                status = "timeout" if key == started else "skipped"
-                reason = ("the run was cut during this item" if key == started
-                          else "not started before the run was cut")
-                records.append({**item, "status": status, "reason": reason})
-                cut.append(key)
+                status, reason = "skipped", "not started before the run was cut"
+            records.append({**item, "status": status, "reason": reason})
+            cut.append(key)
     meta = result["meta"]
     meta.setdefault("machine", machine)
     meta["recovered"] = (f"rebuilt from {len(specs)} worker logs (python -m benchmarks.run "
-                         f"--recover); {len(cut)} items cut or not started")
+                         f"--recover); {len(cut)} items cut, lost or not started")
     stamp = {"device_kind": machine.get("device_kind"), "gpu_name": machine.get("gpu_name"),
              "git_commit": meta.get("git_commit"), "jax": machine.get("jax"),
              "jaxlib": machine.get("jaxlib"), "torch": machine.get("torch"),

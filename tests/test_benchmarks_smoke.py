@@ -160,7 +160,7 @@ def test_recover_rebuilds_a_cut_run_from_its_workers_logs(tmp_path):
     items = shape_items("S1", ["balanced"], ["fwd", "fwdbwd"], ["jax_mok", "B2"])
     assert len(items) == 4
     spec = {"routings": ["balanced"], "passes": ["fwd", "fwdbwd"], "impls": ["jax_mok", "B2"]}
-    for name in ("S1-0", "S1-retry0"):
+    for name in ("S1-0", "S1-1", "S1-retry0"):
         (logs / f"{name}.spec.json").write_text(json.dumps(spec))
 
     def rec(item, status):
@@ -168,20 +168,22 @@ def test_recover_rebuilds_a_cut_run_from_its_workers_logs(tmp_path):
 
     events = [{"event": "machine", "device_kind": "NVIDIA H200", "jax": "0.11.2"},
               {"event": "start", "key": items[0]["key"]}, rec(items[0], "OOM"),
-              {"event": "start", "key": items[1]["key"]}, rec(items[1], "error"),
-              {"event": "start", "key": items[2]["key"]}]
-    (logs / "S1-0.jsonl").write_text("\n".join(json.dumps(e) for e in events) + '\n{"cut')
+              {"event": "start", "key": items[1]["key"]}]  # its worker killed inside it
+    (logs / "S1-0.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    events = [{"event": "start", "key": items[2]["key"]}]  # the restarted worker, then the cut
+    (logs / "S1-1.jsonl").write_text("\n".join(json.dumps(e) for e in events) + '\n{"cut')
     (logs / "S1-retry0.jsonl").write_text(json.dumps(rec(items[0], "unsupported")) + "\n")
 
     result = run.recover(str(tmp_path))
     by_key = {r["key"]: r for r in result["records"]}
     assert list(by_key) == [done["key"]] + [i["key"] for i in items]
     assert by_key[done["key"]]["status"] == "error"  # the finished shape's own record
-    assert [by_key[i["key"]]["status"] for i in items] == ["unsupported", "error", "timeout",
+    assert [by_key[i["key"]]["status"] for i in items] == ["unsupported", "lost", "timeout",
                                                            "skipped"]
+    assert "logs/S1-0.log" in by_key[items[1]["key"]]["reason"]
     assert result["ceilings"] == {"matmul_tflops": 1.0}
-    assert by_key[items[1]["key"]]["git_commit"] == "abc1234"
-    assert by_key[items[1]["key"]]["device_kind"] == "NVIDIA H200"
-    assert "2 items cut or not started" in result["meta"]["recovered"]
+    assert by_key[items[0]["key"]]["git_commit"] == "abc1234"
+    assert by_key[items[0]["key"]]["device_kind"] == "NVIDIA H200"
+    assert "3 items cut, lost or not started" in result["meta"]["recovered"]
     with pytest.raises(SystemExit, match="no worker logs"):
         run.recover(str(tmp_path / "logs"))
