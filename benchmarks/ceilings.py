@@ -4,8 +4,11 @@ Each matmul ceiling is the best of JAX (XLA) and, where present, torch on the sa
 ``jnp.dot`` / ``torch.mm``; FP8 ``jnp.dot`` of E4M3 operands and ``torch._scaled_mm`` of E4M3
 operands with float32 row-wise scales (one per row of A, one per column of B; fast
 accumulation, bf16 output). The copy bandwidth counts read + write bytes of an elementwise pass
-over a buffer far larger than the L2. Inputs are random normal (never zeros) and alternate
-between two pairs so that no call reads what the previous one left in the L2.
+over a buffer far larger than the L2, and is likewise the best of an XLA pass and, where
+present, a torch pass (each call timed on the host with its synchronization: a measure whose
+per-call overhead is larger reads as a slower memory system, and the roofline's memory term must
+not be taken from it). Inputs are random normal (never zeros) and alternate between two pairs
+so that no call reads what the previous one left in the L2.
 """
 
 from __future__ import annotations
@@ -102,6 +105,46 @@ def _jax_copy(num_bytes: int, warmup: int, iters: int) -> dict:
     return stats
 
 
+def _torch_copy(num_bytes: int, warmup: int, iters: int) -> dict | None:
+    """One ``torch.bitwise_not`` pass from one buffer into another (read + write)."""
+    if not _torch_available():
+        return None
+    import torch
+
+    n = num_bytes // 4
+    bufs = [torch.arange(n, device="cuda", dtype=torch.int32) + i for i in range(2)]
+    bufs.append(torch.empty(n, device="cuda", dtype=torch.int32))  # the destination
+
+    def step(i: int) -> None:
+        torch.bitwise_not(bufs[i % 2], out=bufs[2])
+        torch.cuda.synchronize()
+
+    stats = summarize(time_steps(step, warmup=warmup, iters=iters))
+    stats["bytes"] = 2 * n * 4
+    stats["gbps"] = stats["bytes"] / (stats["median_ms"] * 1e-3) / 1e9
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return stats
+
+
+def _copies(details: dict, num_bytes: int, warmup: int, iters: int, gpu: bool) -> str:
+    """Runs the copy measures into ``details`` (the torch one through :func:`_attempt`, on a
+    GPU); returns the name of the fastest."""
+    details["jax_copy"] = _jax_copy(num_bytes, warmup, iters)
+    if gpu:
+        _attempt(details, "torch_copy", _torch_copy, num_bytes, warmup, iters)
+    timed = {name: details[name]["gbps"] for name in ("jax_copy", "torch_copy") if name in details}
+    return max(timed, key=timed.get)
+
+
+def copy_ceiling(num_bytes: int = 2 << 30, warmup: int = 3, iters: int = 20) -> dict:
+    """``{"gbps", "source", "bytes"}``: the best copy measure on the default device, as in
+    :func:`measure` (tools/kernel_timings.py prints the quantizers against it)."""
+    details: dict = {}
+    source = _copies(details, num_bytes, warmup, iters, jax.default_backend() == "gpu")
+    return {"gbps": details[source]["gbps"], "source": source, "bytes": num_bytes}
+
+
 def _attempt(details: dict, name: str, fn, *args) -> None:
     """Runs one measurement into ``details[name]``; a failure is recorded under
     ``details[name + "_error"]`` (an FP8 path a device or library lacks must not cost the run
@@ -150,10 +193,10 @@ def matmul_ceiling(precision: str, n: int = 8192, warmup: int = 3, iters: int = 
 def measure(*, platform: str, quick: bool, warmup: int, iters: int) -> dict:
     """``{"matmul_tflops", "fp8_matmul_tflops", "hbm_gbps", "details"}`` for this device.
 
-    GPU: 8192^3 matmuls and a 2 GiB copy. CPU: 1024^3 (512^3 quick) and 256 MiB (64 MiB),
-    enough to give the CPU numbers a scale, nothing more. Raises when no bf16 matmul ran;
-    ``fp8_matmul_tflops`` is None when no FP8 matmul ran (the errors are in ``details``).
-    """
+    GPU: 8192^3 matmuls and a 2 GiB copy (the best of :func:`_copies`' measures). CPU: 1024^3
+    (512^3 quick) and 256 MiB (64 MiB), enough to give the CPU numbers a scale, nothing more.
+    Raises when no bf16 matmul ran; ``fp8_matmul_tflops`` is None when no FP8 matmul ran (the
+    errors are in ``details``)."""
     if platform == "gpu":
         n, copy_bytes = 8192, 2 * 2**30
     else:
@@ -163,10 +206,11 @@ def measure(*, platform: str, quick: bool, warmup: int, iters: int) -> dict:
     if bf16 is None:
         raise RuntimeError(f"no bf16 matmul ran: {details}")
     fp8 = _matmuls(details, "fp8", n, warmup, iters, platform == "gpu")
-    details["jax_copy"] = _jax_copy(copy_bytes, warmup, iters)
+    copy = _copies(details, copy_bytes, warmup, iters, platform == "gpu")
+    details["copy_source"] = copy
     return {
         "matmul_tflops": details[bf16]["tflops"],
         "fp8_matmul_tflops": details[fp8]["tflops"] if fp8 else None,
-        "hbm_gbps": details["jax_copy"]["gbps"],
+        "hbm_gbps": details[copy]["gbps"],
         "details": details,
     }

@@ -119,6 +119,29 @@ def test_roofline_formula():
     assert roofline.roofline(fwd, {"matmul_tflops": 1.0}) is None  # no copy bandwidth measured
 
 
+def test_the_copy_ceiling_is_the_best_measure_that_ran(monkeypatch):
+    """The roofline's memory term comes from the fastest copy measure (the XLA pass, or torch's
+    on a GPU); a torch failure is recorded and leaves the XLA measure."""
+    from benchmarks import ceilings
+
+    monkeypatch.setattr(ceilings, "_jax_copy", lambda *a: {"gbps": 3000.0})
+    monkeypatch.setattr(ceilings, "_torch_copy", lambda *a: {"gbps": 4100.0})
+    details = {}
+    assert ceilings._copies(details, 1 << 20, 0, 1, gpu=True) == "torch_copy"
+    assert ceilings._copies({}, 1 << 20, 0, 1, gpu=False) == "jax_copy"
+
+    def broken(*args):
+        raise RuntimeError("no torch here")
+
+    monkeypatch.setattr(ceilings, "_torch_copy", broken)
+    details = {}
+    assert ceilings._copies(details, 1 << 20, 0, 1, gpu=True) == "jax_copy"
+    assert "no torch here" in details["torch_copy_error"]
+    monkeypatch.setattr(ceilings, "_jax_copy", lambda *a: {"gbps": 5000.0})
+    monkeypatch.setattr(ceilings, "_torch_copy", lambda *a: {"gbps": 4100.0})
+    assert ceilings._copies({}, 1 << 20, 0, 1, gpu=True) == "jax_copy"
+
+
 def test_implementation_table_and_items():
     from benchmarks import impls, worker
 

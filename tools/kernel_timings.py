@@ -314,13 +314,15 @@ def quantizers(shapes: list[str], recipes: list[str]) -> None:
     """Bandwidth of the CUDA quantizers (bytes read + written / time per call, calls back to
     back) against the HBM copy: the expert weights in one pass (both layouts, and the forward's
     alone), x's rows, and rows of dh's size ([T k, 2F], the backward's largest row pass)."""
-    from benchmarks.ceilings import _jax_copy
+    from benchmarks.ceilings import copy_ceiling
     from jax_mok.kernels import _ffi
 
     _ffi.cuda_module()  # registers the targets (the layer does this when it picks the kernels)
 
-    copy = _jax_copy(2 << 30, 3, 20)["gbps"]
-    print(f"HBM copy (read + write, 2 GiB): {copy:.0f} GB/s")
+    ceiling = copy_ceiling()
+    copy = ceiling["gbps"]
+    print(f"HBM copy (read + write, 2 GiB, best of the harness's measures: {ceiling['source']}): "
+          f"{copy:.0f} GB/s")
     print("| shape | recipe | what | bytes | ms | GB/s | % of copy |")
     print("|---|---|---|---|---|---|---|")
     for name in shapes:
