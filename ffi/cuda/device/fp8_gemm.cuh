@@ -425,8 +425,7 @@ cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t st
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<num_sms, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_persistent(kernel, num_sms, kThreads, smem, stream, p);
 }
 
 }  // namespace mok::cuda::fp8

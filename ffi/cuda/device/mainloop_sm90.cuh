@@ -531,8 +531,7 @@ cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t str
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<num_sms, Cfg::kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_persistent(kernel, num_sms, Cfg::kThreads, smem, stream, p);
 }
 
 }  // namespace mok::cuda
