@@ -47,14 +47,19 @@ cudaError_t launch_persistent(void (*kernel)(Params), int grid, int threads, siz
     cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
     if (err != cudaSuccess) return err;
     if (clusters < 1) return cudaErrorInvalidConfiguration;
-    static bool said = false;  // per kernel instantiation
-    if (!said) {
-      said = true;
+    if (static_cast<int>(cfg.gridDim.x) > clusters * kClusterProbe)
+      cfg.gridDim.x = static_cast<unsigned>(clusters * kClusterProbe);
+    // Once per kernel: the kernels of one Params type share this function's statics.
+    static const void* said[128];
+    static int n_said = 0;
+    bool first = true;
+    for (int i = 0; i < n_said; ++i)
+      first = first && said[i] != reinterpret_cast<const void*>(kernel);
+    if (first && n_said < 128) {
+      said[n_said++] = reinterpret_cast<const void*>(kernel);
       std::fprintf(stderr, "cluster probe: %d-CTA clusters, grid %d -> %d, %d clusters resident\n",
                    kClusterProbe, grid, static_cast<int>(cfg.gridDim.x), clusters);
     }
-    if (static_cast<int>(cfg.gridDim.x) > clusters * kClusterProbe)
-      cfg.gridDim.x = static_cast<unsigned>(clusters * kClusterProbe);
     return cudaLaunchKernelEx(&cfg, kernel, p);
   }
   kernel<<<grid, threads, smem, stream>>>(p);
