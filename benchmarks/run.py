@@ -144,6 +144,32 @@ def _read_events(path: str) -> list[dict]:
     return events
 
 
+def _scan_events(path: str) -> dict:
+    """A worker's event log folded: ``machine`` and ``ceilings`` (the last seen, or None),
+    ``started`` (item keys in the order their items started) and ``records`` (key -> record)."""
+    out: dict = {"machine": None, "ceilings": None, "started": [], "records": {}}
+    for e in _read_events(path):
+        kind = e.pop("event")
+        if kind in ("machine", "ceilings"):
+            out[kind] = e
+        elif kind == "start":
+            out["started"].append(e["key"])
+        elif kind == "record":
+            out["records"][e["key"]] = e
+    return out
+
+
+def _stamp(records: list[dict], machine: dict, git_commit: str | None) -> None:
+    """Writes where and with what each record ran into it, so that records stand alone (an
+    unknown value, None, never replaces a known one)."""
+    fields = {"device_kind": machine.get("device_kind"), "gpu_name": machine.get("gpu_name"),
+              "git_commit": git_commit, "jax": machine.get("jax"),
+              "jaxlib": machine.get("jaxlib"), "torch": machine.get("torch"),
+              "liger_kernel": machine.get("liger_kernel")}
+    for record in records:
+        record.update({k: v for k, v in fields.items() if v is not None or k not in record})
+
+
 def _tail(path: str, lines: int = 15) -> str:
     try:
         with open(path, errors="replace") as f:
@@ -228,17 +254,11 @@ class Orchestrator:
             proc, log = self._launch(shape, spec, attempt)
             rc, killed_key = self._watch(proc, events_path)
             log.close()
-            started = None
-            for e in _read_events(events_path):
-                if e["event"] == "machine" and not self.machine:
-                    self.machine = {k: v for k, v in e.items() if k != "event"}
-                elif e["event"] == "ceilings":
-                    self.ceilings = {k: v for k, v in e.items() if k != "event"}
-                elif e["event"] == "start":
-                    started = e["key"]
-                elif e["event"] == "record":
-                    e.pop("event")
-                    records[e["key"]] = e
+            events = _scan_events(events_path)
+            self.machine = self.machine or events["machine"] or {}
+            self.ceilings = events["ceilings"] or self.ceilings
+            records.update(events["records"])
+            started = events["started"][-1] if events["started"] else None
             if rc == 0:
                 break
             if started is not None and started not in records:
@@ -349,16 +369,7 @@ def _result(args: argparse.Namespace, argv: list[str] | None, orch: Orchestrator
         "ceilings": orch.ceilings,
         "records": records,
     }
-    # every record also carries where and with what it ran, so that records stand alone
-    machine = orch.machine
-    stamp_fields = {
-        "device_kind": machine.get("device_kind"), "gpu_name": machine.get("gpu_name"),
-        "git_commit": result["meta"]["git_commit"], "jax": machine.get("jax"),
-        "jaxlib": machine.get("jaxlib"), "torch": machine.get("torch"),
-        "liger_kernel": machine.get("liger_kernel"),
-    }
-    for record in records:
-        record.update(stamp_fields)
+    _stamp(records, orch.machine, result["meta"]["git_commit"])
     return result
 
 
@@ -406,17 +417,12 @@ def recover(out_dir: str) -> dict:
         found: dict[str, dict] = {}
         started, started_in = None, {}
         for name in names:
-            for e in _read_events(os.path.join(logs, name + ".jsonl")):
-                if e["event"] == "machine":
-                    machine = machine or {k: v for k, v in e.items() if k != "event"}
-                elif e["event"] == "ceilings" and result["ceilings"] is None:
-                    result["ceilings"] = {k: v for k, v in e.items() if k != "event"}
-                elif e["event"] == "start":
-                    started = e["key"]
-                    started_in[started] = name
-                elif e["event"] == "record":
-                    e.pop("event")
-                    found[e["key"]] = e
+            events = _scan_events(os.path.join(logs, name + ".jsonl"))
+            machine = machine or events["machine"] or {}
+            result["ceilings"] = result["ceilings"] or events["ceilings"]
+            found.update(events["records"])
+            for key in events["started"]:
+                started, started_in[key] = key, name
         for item in shape_items(shape, spec["routings"], spec["passes"], spec["impls"]):
             key = item["key"]
             if key in old:
@@ -437,13 +443,7 @@ def recover(out_dir: str) -> dict:
     meta.setdefault("machine", machine)
     meta["recovered"] = (f"rebuilt from {len(specs)} worker logs (python -m benchmarks.run "
                          f"--recover); {len(cut)} items cut, lost or not started")
-    stamp = {"device_kind": machine.get("device_kind"), "gpu_name": machine.get("gpu_name"),
-             "git_commit": meta.get("git_commit"), "jax": machine.get("jax"),
-             "jaxlib": machine.get("jaxlib"), "torch": machine.get("torch"),
-             "liger_kernel": machine.get("liger_kernel")}
-    for record in records:
-        for k, v in stamp.items():
-            record.setdefault(k, v)
+    _stamp(records, machine, meta.get("git_commit"))
     result["records"] = records
     return result
 
