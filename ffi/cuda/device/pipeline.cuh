@@ -23,46 +23,39 @@ namespace mok::cuda {
 #endif
 constexpr int kClusterProbe = JAX_MOK_CLUSTER_PROBE;
 
-// Launches a persistent GEMM: `grid` CTAs of `threads` threads with `smem` dynamic bytes (every
-// tile loop strides by gridDim or takes tiles from a counter, so any grid covers the work).
-// Under the probe: clusters of kClusterProbe, the grid cut to the clusters that can be resident
-// at once (cudaOccupancyMaxActiveClusters), both numbers printed once per kernel.
-template <class Params>
-cudaError_t launch_persistent(void (*kernel)(Params), int grid, int threads, size_t smem,
-                              cudaStream_t stream, const Params& p) {
+// Launches the persistent GEMM kKernel: `grid` CTAs of `threads` threads with `smem` dynamic
+// bytes (every tile loop strides by gridDim or takes tiles from a counter, so any grid covers the
+// work). Under the probe: clusters of kClusterProbe, the grid cut to the clusters that can be
+// resident at once (cudaOccupancyMaxActiveClusters, asked once per kernel and printed).
+template <auto kKernel, class Params>
+cudaError_t launch_persistent(int grid, int threads, size_t smem, cudaStream_t stream,
+                              const Params& p) {
   if constexpr (kClusterProbe > 1) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid / kClusterProbe * kClusterProbe));
-    cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = kClusterProbe;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid / kClusterProbe * kClusterProbe));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    int clusters = 0;
-    cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    if (err != cudaSuccess) return err;
+    static const int clusters = [&] {  // one query per kernel (smem is fixed per kernel)
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kKernel, &cfg) != cudaSuccess) n = 0;
+      std::fprintf(stderr, "cluster probe: %d-CTA clusters, grid %d, %d clusters resident\n",
+                   kClusterProbe, grid, n);
+      return n;
+    }();
     if (clusters < 1) return cudaErrorInvalidConfiguration;
     if (static_cast<int>(cfg.gridDim.x) > clusters * kClusterProbe)
       cfg.gridDim.x = static_cast<unsigned>(clusters * kClusterProbe);
-    // Once per kernel: the kernels of one Params type share this function's statics.
-    static const void* said[128];
-    static int n_said = 0;
-    bool first = true;
-    for (int i = 0; i < n_said; ++i)
-      first = first && said[i] != reinterpret_cast<const void*>(kernel);
-    if (first && n_said < 128) {
-      said[n_said++] = reinterpret_cast<const void*>(kernel);
-      std::fprintf(stderr, "cluster probe: %d-CTA clusters, grid %d -> %d, %d clusters resident\n",
-                   kClusterProbe, grid, static_cast<int>(cfg.gridDim.x), clusters);
-    }
-    return cudaLaunchKernelEx(&cfg, kernel, p);
+    return cudaLaunchKernelEx(&cfg, kKernel, p);
   }
-  kernel<<<grid, threads, smem, stream>>>(p);
+  kKernel<<<grid, threads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
