@@ -21,8 +21,8 @@
 #   e2e             the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an
 #                   H200 it ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and
 #                   fp8_block also at their own best batch up to 32 (both ran out of memory at 64,
-#                   r22), step-time breakdown; E2E_TIMEOUT seconds (default: what is left
-#                   less gpu_round.sh's set-up)
+#                   r22; E2E_CAP lowers that cap), step-time breakdown; E2E_TIMEOUT seconds (default:
+#                   what is left less gpu_round.sh's set-up)
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: call.sh PIECE [PIECE...] (suite, bench:SHAPES[:S], b6:SHAPES, profiles, skew[:SHAPES], e2e)"; exit 2; }
 export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
@@ -58,7 +58,7 @@ piece() {
     e2e)
       ROUND_TAG=e2e XLA_FLAGS=--xla_gpu_enable_command_buffer= E2E_TIMEOUT=${E2E_TIMEOUT:-$(( $(left) - 40 ))} \
         E2E_ARGS="--layers 4 --batch 2 --batch-policy shared --own-best \
-        --own-best-variants jax_mok,jax_mok_fp8_block --own-best-cap 32 --breakdown --steps 5 \
+        --own-best-variants jax_mok,jax_mok_fp8_block --own-best-cap ${E2E_CAP:-32} --breakdown --steps 5 \
         --warmup 2 --max-step-s 30" tools/gpu_round.sh e2e ;;
     *) echo "unknown piece $1"; return 2 ;;
   esac
