@@ -27,7 +27,11 @@ argument, as Triton's ``Autotuner`` builds its key. The search costs minutes per
     no shape and ``tuned`` is ``full`` everywhere;
   - ``record``: ``full``, and afterwards the winners of every searched shape are merged into
     ``--b6-configs`` (default ``benchmarks/b6_configs.json``) and written to
-    ``<out>/b6_configs.json`` too;
+    ``<out>/b6_configs.json`` too. A record run resumes: the autotune keys the file already holds
+    for the shape, from a search with the same liger-kernel, Triton and GPU, go into the kernels'
+    ``cache`` before the first call (``b6_resumed`` in the record), so only the keys without a
+    winner search (S2's forward search alone takes ~450 s: its fwd+bwd record then searches the
+    backward kernels only);
   - ``full``: Liger's autotune runs during the first call of each shape (the untimed check call,
     whose duration is recorded as ``first_call_s``); give it ``--item-timeout-s`` to match;
   - ``pinned``: ``LIGER_FUSED_MOE_AUTOTUNE=0``, Liger's own switch that pins every kernel to one
@@ -290,6 +294,42 @@ def pin_recorded(tuners: dict, kernels: dict) -> str | None:
     return None
 
 
+def resumable(key: str, problem: dict, gpu: str | None, liger: str | None, triton: str | None,
+              path: str = CONFIGS_PATH) -> dict:
+    """``record`` mode's resume: the kernels the file at ``path`` holds for shape ``key`` and
+    ``problem`` from a search with this ``liger`` (liger-kernel), ``triton`` and ``gpu`` (the
+    kernels entry of the file), else none (another GPU or version searches everything)."""
+    try:
+        entry = load_configs(path).get("shapes", {}).get(key)
+    except (OSError, ValueError):
+        return {}
+    if entry is None or entry["problem"] != problem:
+        return {}
+    if (entry.get("gpu"), entry.get("liger_kernel"), entry.get("triton")) != (gpu, liger, triton):
+        return {}
+    return dict(entry["kernels"])
+
+
+def prefill(tuners: dict, kernels: dict) -> dict[str, list]:
+    """Puts each recorded winner with a key into its kernel's autotune ``cache`` (the config
+    object among the kernel's own candidates), leaving ``configs`` whole: a recorded key launches
+    its winner without a search, any other key searches as usual. Returns the keys put in, by
+    kernel; a kernel this Liger lacks, or a winner that is none of its candidates, is skipped."""
+    done: dict[str, list] = {}
+    for name, record in sorted(kernels.items()):
+        tuner = tuners.get(name)
+        if tuner is None:
+            continue
+        for winner in record["winners"]:
+            if winner["key"] is None:
+                continue
+            match = next((c for c in tuner.configs if _matches(c, winner["config"])), None)
+            if match is not None:
+                tuner.cache[tuple(winner["key"])] = match
+                done.setdefault(name, []).append(list(winner["key"]))
+    return done
+
+
 # ---------------------------------------------------------------------------------------------
 # benchmarks/b6_configs.json
 # ---------------------------------------------------------------------------------------------
@@ -465,7 +505,8 @@ def say_once(text: str) -> None:
 def recorded_entries(records: Iterable[dict], date: str | None = None) -> dict[str, dict]:
     """The file's entries from a run's records: every B6 record of a searching mode that was
     timed (its check passed) contributes the winners its autotuners held after the first call
-    (a kernel's winners by key; later records win), and its pass."""
+    (a kernel's winners by key; later records win; the keys a resumed record was given from the
+    file, ``b6_resumed``, are not its own), and its pass."""
     entries: dict[str, dict] = {}
     for r in records:
         if (r.get("impl") != "B6" or r.get("status") != "ok"
@@ -482,8 +523,11 @@ def recorded_entries(records: Iterable[dict], date: str | None = None) -> dict[s
         if r["pass"] not in entry["passes"]:
             entry["passes"].append(r["pass"])
         entry["items"].append(r["key"])
+        resumed = r.get("b6_resumed") or {}
         for name, kernel in r["b6_configs"].items():
-            searched_winners = [w for w in kernel["winners"] if w["key"] is not None]
+            given = resumed.get(name, [])
+            searched_winners = [w for w in kernel["winners"]
+                                if w["key"] is not None and w["key"] not in given]
             if not searched_winners:
                 continue  # one candidate, no search: nothing Liger chose
             into = entry["kernels"].setdefault(

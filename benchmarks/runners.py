@@ -195,11 +195,23 @@ def run_liger(sr, item: dict, problem, want: dict, record: dict) -> None:
         why = pl.pin_recorded(tuners, plan.entry["kernels"])
         if why is not None:
             plan = plan.fall_back(why)
+    resumed = {}
+    if plan.mode == "record":  # keys already searched on this GPU with these versions
+        import torch
+
+        resumed = pl.prefill(tuners, pl.resumable(plan.key, wanted, torch.cuda.get_device_name(0),
+                                                  record["liger_kernel"], record["triton"],
+                                                  path=path))
     if plan.warning is not None:
         pl.say_once(plan.warning)
         record["b6_warning"] = plan.warning
     record["b6_mode"] = plan.mode
     record["b6_autotune"] = pl.autotune_setting(plan)
+    if resumed:
+        record["b6_resumed"] = resumed
+        record["b6_autotune"] += ("; resumed: the keys of " + ", ".join(sorted(resumed))
+                                  + " launch the winners recorded for this shape on this GPU, "
+                                  "only the other keys search")
     pl.say_once(f"B6 {plan.key}: {record['b6_autotune']}")
     before = pl.cache_keys(tuners)
 

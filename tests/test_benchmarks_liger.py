@@ -534,3 +534,66 @@ def test_with_tritons_own_autotuner_pinning_launches_the_winner_without_benchmar
     launch(tuners, 3072)  # a key not recorded: a search, but among the recorded winners only
     assert len(benched) == 2
     assert pl.searched(tuners, before) == {"_fused_up_proj_swiglu_kernel": 1}
+
+
+def _forward_searched_file(path) -> dict:
+    """A ``record`` run of S6's forward alone in the file at ``path``; returns its tuners."""
+    tuners = pl.autotuned_kernels(fake_liger_module())
+    liger_call(tuners, "fwd")
+    assert pl.record_results([{"records": [b6_record(tuners, "fwd", mode="record")]}],
+                             str(path)) == ["S6"]
+    return tuners
+
+
+def test_record_resumes_a_shape_searching_only_keys_without_a_winner(tmp_path):
+    path = tmp_path / "b6_configs.json"
+    first = _forward_searched_file(path)
+    kernels = pl.resumable("S6", S6, "NVIDIA H200", "0.8.5", "3.6.0", path=str(path))
+    assert sorted(kernels) == sorted((*GEMMS[:2], GATHER))
+
+    tuners = pl.autotuned_kernels(fake_liger_module())  # a later process: empty caches
+    resumed = pl.prefill(tuners, kernels)
+    assert sorted(resumed) == sorted((*GEMMS[:2], GATHER)) and len(resumed[GATHER]) == 1
+    assert all(len(t.configs) == len(first[n].configs) for n, t in tuners.items())  # whole lists
+    before = pl.cache_keys(tuners)
+    liger_call(tuners, "fwdbwd")
+    assert all(tuners[n].searches == 0 for n in GEMMS[:2])  # the recorded forward GEMMs
+    assert tuners[GATHER].searches == 1  # its backward key only
+    assert pl.searched(tuners, before) == {n: 1 for n in (*GEMMS[2:], *DW, GATHER)}
+    for name in GEMMS[:2]:
+        assert pl.config_dict(tuners[name].best_config) == pl.config_dict(
+            first[name].best_config)
+
+    record = {**b6_record(tuners, "fwdbwd", mode="record"), "b6_resumed": resumed}
+    entry = pl.recorded_entries([record])["S6"]
+    # the keys given from the file are not this record's own winners
+    assert sorted(entry["kernels"]) == sorted((*GEMMS[2:], *DW, GATHER))
+    assert [w["key"][2] for w in entry["kernels"][GATHER]["winners"]] == [True]
+    assert pl.record_results([{"records": [record]}], str(path)) == ["S6"]
+    merged = pl.load_configs(str(path))["shapes"]["S6"]
+    assert merged["passes"] == ["fwd", "fwdbwd"]
+    assert sorted(merged["kernels"]) == sorted((*GEMMS, *DW, GATHER))
+    assert merged["kernels"][GEMMS[0]]["candidates"] == 32
+    assert [w["key"][2] for w in merged["kernels"][GATHER]["winners"]] == [False, True]
+    # tuned now covers both passes without a search
+    plan = pl.select_mode("tuned", "S6", S6, ["fwd", "fwdbwd"], path=str(path))
+    assert (plan.mode, plan.warning) == ("tuned", None)
+
+
+def test_record_resumes_only_from_the_same_gpu_versions_and_problem(tmp_path):
+    path = tmp_path / "b6_configs.json"
+    _forward_searched_file(path)
+    assert pl.resumable("S6", S6, "NVIDIA H100 80GB HBM3", "0.8.5", "3.6.0", path=str(path)) == {}
+    assert pl.resumable("S6", S6, "NVIDIA H200", "0.8.6", "3.6.0", path=str(path)) == {}
+    assert pl.resumable("S6", S6, "NVIDIA H200", "0.8.5", "3.5.0", path=str(path)) == {}
+    assert pl.resumable("S6", {**S6, "tokens": 4096}, "NVIDIA H200", "0.8.5", "3.6.0",
+                        path=str(path)) == {}
+    assert pl.resumable("S1", S6, "NVIDIA H200", "0.8.5", "3.6.0", path=str(path)) == {}
+    assert pl.resumable("S6", S6, "NVIDIA H200", "0.8.5", "3.6.0",
+                        path=str(tmp_path / "absent.json")) == {}
+    # a recorded config that is none of this Liger's candidates is left to the search
+    kernels = pl.resumable("S6", S6, "NVIDIA H200", "0.8.5", "3.6.0", path=str(path))
+    kernels[GEMMS[0]]["winners"][0]["config"]["num_stages"] = 7
+    tuners = pl.autotuned_kernels(fake_liger_module())
+    assert GEMMS[0] not in pl.prefill(tuners, kernels)
+    assert tuners[GEMMS[0]].cache == {}

@@ -11,9 +11,10 @@
 #                   (IMPLS, PASSES: the harness's --impls / --passes, default
 #                   jax_mok,B2,B3,B6,fp8 / fwd,fwdbwd; S4's FP8 fwd+bwd alone: IMPLS=jax_mok,fp8
 #                   PASSES=fwdbwd bench:S4:300)
-#   b6:SHAPES       Liger's own autotune (B6, --b6-autotune record) on SHAPES, its winners written
-#                   to the run's b6_configs.json (commit them here: python -m
-#                   benchmarks.peers_liger record <results.json>); 280 s an item, what is left
+#   b6:SHAPES       Liger's own autotune (B6, --b6-autotune record) on SHAPES (PASSES), its winners
+#                   written to the run's b6_configs.json (commit them here: python -m
+#                   benchmarks.peers_liger record <results.json>); B6_ITEM_S an item (default 280;
+#                   S2's forward search alone took 448 s on an H100, r39), what is left
 #   profiles        the per-phase profile of each recipe in PROFILES (none fp8_block mxfp8) on
 #                   S1, S2, S3, S6, 70 s each (tools/gpu_round.sh profile)
 #   skew[:SHAPES]   jax_mok alone (BF16), skewed and balanced routing on SHAPES (S1-S6), issue 22's
@@ -46,8 +47,8 @@ piece() {
     b6:*)
       local shapes=${1#b6:} secs=$(left)
       ROUND_TAG=b6_${shapes//,/} BENCH_TIMEOUT=$secs BENCH_ARGS="--routing balanced --impls B6 \
-        --b6-autotune record --shapes $shapes --budget-s $(( secs - 30 )) --item-timeout-s 280" \
-        tools/gpu_round.sh bench ;;
+        --b6-autotune record --passes ${PASSES:-fwd,fwdbwd} --shapes $shapes --no-ceilings \
+        --budget-s $(( secs - 30 )) --item-timeout-s ${B6_ITEM_S:-280}" tools/gpu_round.sh bench ;;
     profiles)
       ROUND_TAG=profiles PROFILE_SHAPES=S1,S2,S3,S6 PROFILE_QUANT="${PROFILES:-none fp8_block mxfp8}" \
         PROFILE_TIMEOUT=70 tools/gpu_round.sh profile ;;

@@ -425,8 +425,8 @@ cudaError_t launch_fp8_gemm(const Fp8GemmParams& p, int num_sms, cudaStream_t st
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return launch_persistent<fp8_gemm_kernel<R, kShape, kBPerRow, kEpi, T>>(num_sms, kThreads, smem,
-                                                                          stream, p);
+  kernel<<<num_sms, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mok::cuda::fp8

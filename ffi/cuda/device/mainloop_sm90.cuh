@@ -531,8 +531,8 @@ cudaError_t launch_wgmma_gemm(const GemmParams& p, int num_sms, cudaStream_t str
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return launch_persistent<wgmma_gemm_kernel<kMode, kEpi, kTmaA, kStagedOut>>(
-      num_sms, Cfg::kThreads, smem, stream, p);
+  kernel<<<num_sms, Cfg::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mok::cuda

@@ -3,61 +3,12 @@
 // host sizes the kernel's shared memory from SharedStorage (host/plan.h, launch_wgmma_gemm).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 
 #include "cuda/device/gemm_params.cuh"
 
 namespace mok::cuda {
-
-// Experiment (CMake JAX_MOK_CLUSTER_PROBE, 0 = off; under A/B on the GPU): the persistent GEMMs
-// (BF16 wgmma and FP8) launched as clusters of this many CTAs with the kernels unchanged — no
-// cluster feature is used — to measure what the cluster launch alone costs. Every multicast
-// attempt lost 15–30 % with the launch included, and a weight tile shared by two CTAs is the one
-// lever left on the L2 -> SM traffic of the routed-M GEMMs (docs/perf-notes.md).
-#ifndef JAX_MOK_CLUSTER_PROBE
-#define JAX_MOK_CLUSTER_PROBE 0
-#endif
-constexpr int kClusterProbe = JAX_MOK_CLUSTER_PROBE;
-
-// Launches the persistent GEMM kKernel: `grid` CTAs of `threads` threads with `smem` dynamic
-// bytes (every tile loop strides by gridDim or takes tiles from a counter, so any grid covers the
-// work). Under the probe: clusters of kClusterProbe, the grid cut to the clusters that can be
-// resident at once (cudaOccupancyMaxActiveClusters, asked once per kernel and printed).
-template <auto kKernel, class Params>
-cudaError_t launch_persistent(int grid, int threads, size_t smem, cudaStream_t stream,
-                              const Params& p) {
-  if constexpr (kClusterProbe > 1) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kClusterProbe;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid / kClusterProbe * kClusterProbe));
-    cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    static const int clusters = [&] {  // one query per kernel (smem is fixed per kernel)
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kKernel, &cfg) != cudaSuccess) n = 0;
-      std::fprintf(stderr, "cluster probe: %d-CTA clusters, grid %d, %d clusters resident\n",
-                   kClusterProbe, grid, n);
-      return n;
-    }();
-    if (clusters < 1) return cudaErrorInvalidConfiguration;
-    if (static_cast<int>(cfg.gridDim.x) > clusters * kClusterProbe)
-      cfg.gridDim.x = static_cast<unsigned>(clusters * kClusterProbe);
-    return cudaLaunchKernelEx(&cfg, kKernel, p);
-  }
-  kKernel<<<grid, threads, smem, stream>>>(p);
-  return cudaGetLastError();
-}
 
 constexpr int kWgmmaBK = 64;     // K per stage
 constexpr int kWgmmaStages = 4;  // stages in the ring
