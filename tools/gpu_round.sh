@@ -16,6 +16,10 @@
 #   profile  the per-phase profile (JAX_MOK_CUDA_PROFILE=1 tools/kernel_timings.py profile) of
 #            PROFILE_SHAPES (S2) in each recipe of PROFILE_QUANT (fp8_block; a list),
 #            PROFILE_TIMEOUT (120 s) each
+#   timeline tools/kernel_timings.py timeline of PROFILE_SHAPES (S2) in each recipe of PROFILE_QUANT
+#            (fp8_block; a list), PROFILE_TIMEOUT (120 s) each: wall time, back-to-back time and
+#            a trace's kernels, busy and idle time per fwd+bwd call (what the profile's phases,
+#            each timed after a host sync, leave out)
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table) into $OUT/bench (bench_TAG with
 #            ROUND_TAG), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
@@ -260,6 +264,12 @@ for s in ${STEPS//,/ }; do
       ;;
     profile)
       profiles
+      ;;
+    timeline)
+      for q in ${PROFILE_QUANT:-fp8_block}; do
+        TAIL=40 run "timeline_$q" ${PROFILE_TIMEOUT:-120} \
+          python3 tools/kernel_timings.py timeline --shapes ${PROFILE_SHAPES:-S2} --quantization "$q"
+      done
       ;;
     bench)
       # bench$TAG: several rounds of one call (ROUND_TAG) keep their own results and worker logs

@@ -10,6 +10,9 @@
         # each GEMM phase from profiles of derived shapes (--shapes S1-H1024,S1,S1-H4096)
     python3 tools/kernel_timings.py compile --quantization none,fp8_block  # compile seconds
     python3 tools/kernel_timings.py quantizers --quantization fp8_block    # the quantizers' GB/s
+    python3 tools/kernel_timings.py timeline --shapes S1,S2 [--quantization fp8_block]  # where a
+        # synchronized fwd+bwd call's wall time goes: its kernels back to back (jax.profiler
+        # trace), the idle time between them, and what lies outside them
     python3 tools/kernel_timings.py timings --quantization fp8_block,mxfp8   # the FP8 layer:
         # fwd (weights quantized inside), fwd with pre-quantized weights, fwd+bwd; against the
         # FP8 matmul ceiling. ``profile`` / ``forward`` take --quantization too (one recipe).
@@ -383,6 +386,121 @@ def profile(shapes: list[str], quantization: str = "none") -> None:
         del x, ids, w, wgu, wd, dy, fb
 
 
+def timeline_stats(events: list[tuple[str, int, int]], calls: int) -> dict:
+    """What ``calls`` synchronized calls' device events ``(name, start_ns, duration_ns)`` say: the
+    events are cut into ``calls`` groups at the ``calls - 1`` widest idle gaps (each call waits for
+    the host between calls), and per call (medians over the groups) ``span_ms`` (first event's
+    start to last event's end), ``busy_ms`` (the union of the events' intervals), ``idle_ms``
+    (span - busy: the device waiting inside a call), ``largest_gap_us``; ``kernels``: each event
+    name's summed duration per call (ms, largest first)."""
+    if calls < 1:
+        raise ValueError("calls must be >= 1")
+    evs = sorted((start, start + dur, name) for name, start, dur in events if dur >= 0)
+    if len(evs) < calls:
+        raise ValueError(f"{len(evs)} device events for {calls} calls")
+    counts, gaps = [], []
+    end = evs[0][1]
+    for i in range(1, len(evs)):
+        gaps.append((evs[i][0] - end, i))
+        end = max(end, evs[i][1])
+    cuts = sorted(i for _, i in sorted(gaps, reverse=True)[:calls - 1])
+    bounds = [0, *cuts, len(evs)]
+    spans, busies, largest = [], [], []
+    per_name: dict[str, float] = {}
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        group = evs[a:b]
+        span = max(e for _, e, _ in group) - group[0][0]
+        busy, cur_s, cur_e, big = 0, group[0][0], group[0][1], 0
+        for start, stop, _ in group[1:]:
+            if start > cur_e:
+                busy += cur_e - cur_s
+                big = max(big, start - cur_e)
+                cur_s, cur_e = start, stop
+            else:
+                cur_e = max(cur_e, stop)
+        busy += cur_e - cur_s
+        spans.append(span)
+        busies.append(busy)
+        largest.append(big)
+        for start, stop, name in group:
+            per_name[name] = per_name.get(name, 0.0) + (stop - start)
+        counts.append(b - a)
+    med = statistics.median
+    return {
+        "calls": calls,
+        "events_per_call": med(counts),
+        "span_ms": med(spans) / 1e6,
+        "busy_ms": med(busies) / 1e6,
+        "idle_ms": med([s - b for s, b in zip(spans, busies, strict=True)]) / 1e6,
+        "largest_gap_us": med(largest) / 1e3,
+        "kernels": sorted(((ns / calls / 1e6, name) for name, ns in per_name.items()),
+                          reverse=True),
+    }
+
+
+def _device_events(trace_dir: str) -> list[tuple[str, int, int]]:
+    """``(name, start_ns, duration_ns)`` of every event on the GPU planes of the newest trace
+    under ``trace_dir`` (kernels, memsets and copies, as CUPTI reports them)."""
+    import glob
+
+    from jax.profiler import ProfileData
+
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        raise FileNotFoundError(f"no *.xplane.pb under {trace_dir}")
+    out, seen = [], []
+    for plane in ProfileData.from_file(files[-1]).planes:
+        seen.append(f"{plane.name}: {[line.name for line in plane.lines]}")
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.lower().startswith("stream"):
+                continue  # per-stream lines only (others repeat the kernels or hold counters)
+            out.extend((ev.name, int(ev.start_ns), int(ev.duration_ns)) for ev in line.events)
+    if not out:
+        raise ValueError("no GPU stream events in the trace; its planes and lines: "
+                         + "; ".join(seen)[:2000])
+    return out
+
+
+def _short(name: str, width: int = 70) -> str:
+    """A kernel's mangled name cut to what tells kernels apart (their function and first template
+    arguments)."""
+    m = re.search(r"[A-Za-z_]*kernel\w*", name)  # a mangled name's digits end the run
+    return (name if m is None else name[m.start():])[:width]
+
+
+def timeline(shapes: list[str], quantization: str = "none", calls: int = 5) -> None:
+    """Per shape: the synchronized call's wall time (as the protocol times it), the same calls
+    enqueued back to back, and a jax.profiler trace of ``calls`` synchronized calls read back:
+    the kernels' span and busy time per call, the device's idle time inside a call, and each
+    kernel's time. wall - span is host dispatch and synchronization; idle is the device waiting
+    between kernels; a kernel slower here than in ``profile`` (which serializes the phases) ran
+    slower back to back."""
+    import tempfile
+
+    for name in shapes:
+        x, ids, w, wgu, wd, dy = inputs(name)
+        fb = forward_backward(ids, dy, quantization=quantization)
+        jax.block_until_ready(fb(x, w, wgu, wd))
+        wall = median_s(fb, x, w, wgu, wd, n=10) * 1e3
+        b2b = back_to_back_s(fb, x, w, wgu, wd, reps=10) * 1e3
+        with tempfile.TemporaryDirectory() as d:
+            with jax.profiler.trace(d):
+                for _ in range(calls):
+                    jax.block_until_ready(fb(x, w, wgu, wd))
+            st = timeline_stats(_device_events(d), calls)
+        label = name if quantization == "none" else f"{name}:{quantization}"
+        print(f"timeline {label}: wall {wall:.3f} ms, back to back {b2b:.3f} ms per call; trace: "
+              f"span {st['span_ms']:.3f} ms, busy {st['busy_ms']:.3f}, idle inside "
+              f"{st['idle_ms']:.3f} (largest gap {st['largest_gap_us']:.1f} us, "
+              f"{st['events_per_call']:.0f} events a call)", flush=True)
+        for ms, kernel in st["kernels"][:14]:
+            print(f"  {ms:8.3f} ms  {_short(kernel)}", flush=True)
+        del x, ids, w, wgu, wd, dy, fb
+
+
 PHASE = "jax_mok CUDA profile: "
 END_MARK = "--- end of "
 
@@ -523,7 +641,7 @@ def fit(paths: list[str], ceilings: dict[str, float]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("timings", "profile", "forward", "compare", "quantizers",
-                                     "compile", "fit"))
+                                     "compile", "fit", "timeline"))
     ap.add_argument("files", nargs="*", help="compare: two profile outputs; fit: any number")
     ap.add_argument("--ceilings", default="738,1400",
                     help="fit: the bf16 and FP8 matmul ceilings (TFLOP/s) of the profiled run")
@@ -543,7 +661,7 @@ def main() -> None:
     if bad or not quantizations:
         ap.error(f"--quantization: expected a comma list from {QUANTIZATIONS}, got "
                  f"{args.quantization!r}")
-    if args.what in ("profile", "forward") and len(quantizations) != 1:
+    if args.what in ("profile", "forward", "timeline") and len(quantizations) != 1:
         ap.error(f"--quantization: {args.what} takes one value, got {args.quantization!r}")
     if args.what == "profile" and os.environ.get("JAX_MOK_CUDA_PROFILE", "0").lower() not in (
             "1", "true", "on"):
@@ -580,6 +698,11 @@ def main() -> None:
             timings_fp8(shapes, recipes, args.fp8_runs.split(","))
     elif args.what == "profile":
         profile(shapes, quantizations[0])
+    elif args.what == "timeline":
+        if os.environ.get("JAX_MOK_CUDA_PROFILE", "0").lower() in ("1", "true", "on"):
+            ap.error("timeline times the calls as they run: unset JAX_MOK_CUDA_PROFILE (it "
+                     "synchronizes the host after every phase)")
+        timeline(shapes, quantizations[0])
     else:
         for name in shapes:
             x, ids, w, wgu, wd, _ = inputs(name)
