@@ -69,8 +69,9 @@ the device machine that tree is a copy). The file keeps, per shape key (the shap
 the B6 items searched, the liger-kernel / Triton / torch versions, the GPU, commit and date, and
 per kernel its autotune key names, candidate count and winners (``key`` and ``config``:
 ``kwargs`` with the BLOCK sizes, ``num_warps``, ``num_stages``, ``num_ctas``, ``maxnreg``).
-It holds what GPU sessions recorded (S1 forward and forward+backward, S6 forward, S2 forward): no
-value in it is written by hand. Timing then needs no search: ``python3 -m benchmarks.run --impls B6 ...``.
+It holds what GPU sessions recorded (S1 forward and forward+backward, S6 forward, S2 forward):
+no value in it is written by hand. Timing then needs no search:
+``python3 -m benchmarks.run --impls B6 ...``.
 
 Where liger_kernel is not importable, :func:`ensure_importable` installs a carried wheel
 (``.whl/liger_kernel-*.whl``) into a private folder the way ``tools/gpu_check.sh`` does.
