@@ -64,8 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=("tuned", "record", "full", "pinned"),
                    help="B6 (Liger): tuned = each kernel pinned to Liger's own search winner "
                         "recorded in --b6-configs (full, with a warning, where the shape has "
-                        "none); record = full, then the winners merged into --b6-configs; full "
-                        "= Liger's Triton autotune in each shape's first call; pinned = "
+                        "none); record = full, except the keys --b6-configs already holds for "
+                        "the shape from this GPU and versions (resumed), then the winners merged "
+                        "into it; full = Liger's Triton autotune in each shape's first call; "
+                        "pinned = "
                         "LIGER_FUSED_MOE_AUTOTUNE=0, one config per kernel")
     p.add_argument("--b6-configs", default=None,
                    help="B6's recorded configs (default benchmarks/b6_configs.json)")

@@ -10,7 +10,8 @@
 #                   (S4's FP8 rows need ~119 GiB: needs_h200), S seconds (default: what is left)
 #                   (IMPLS, PASSES: the harness's --impls / --passes, default
 #                   jax_mok,B2,B3,B6,fp8 / fwd,fwdbwd; S4's FP8 fwd+bwd alone: IMPLS=jax_mok,fp8
-#                   PASSES=fwdbwd bench:S4:300)
+#                   PASSES=fwdbwd bench:S4:300; BENCH_EXTRA: more harness arguments, e.g.
+#                   --no-ceilings where only the ratios to our BF16 of the run are wanted)
 #   b6:SHAPES       Liger's own autotune (B6, --b6-autotune record) on SHAPES (PASSES), its winners
 #                   written to the run's b6_configs.json (commit them here: python -m
 #                   benchmarks.peers_liger record <results.json>); B6_ITEM_S an item (default 280;
@@ -32,7 +33,8 @@ BODY_S=${BODY_S:-570}
 left() { echo $(( BODY_S - 10 - SECONDS )); }
 bench() {  # bench SHAPES SECONDS
   ROUND_TAG=bench_${1//,/} BENCH_TIMEOUT=$2 BENCH_ARGS="--routing balanced --impls ${IMPLS:-jax_mok,B2,B3,B6,fp8} \
-    --passes ${PASSES:-fwd,fwdbwd} --shapes $1 --budget-s $(( $2 - 30 )) --item-timeout-s 100" \
+    --passes ${PASSES:-fwd,fwdbwd} --shapes $1 --budget-s $(( $2 - 30 )) --item-timeout-s 100 \
+    ${BENCH_EXTRA:-}" \
     tools/gpu_round.sh bench
 }
 piece() {
