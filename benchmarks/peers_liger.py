@@ -237,6 +237,11 @@ def _matches(config, recorded: dict) -> bool:
     return all(getattr(config, f, None) == recorded[f] for f in CONFIG_FIELDS if f in recorded)
 
 
+def _candidate(tuner, recorded: dict):
+    """The config object among ``tuner``'s own candidates equal to ``recorded``, or None."""
+    return next((c for c in tuner.configs if _matches(c, recorded)), None)
+
+
 def cache_keys(tuners: dict) -> dict[str, set]:
     """Each kernel's autotune cache keys now (to tell afterwards which kernels searched)."""
     return {name: set(t.cache) for name, t in tuners.items()}
@@ -278,7 +283,7 @@ def pin_recorded(tuners: dict, kernels: dict) -> str | None:
             return f"this liger-kernel has no autotuned kernel {name}"
         chosen, cache = [], {}
         for winner in record["winners"]:
-            match = next((c for c in tuner.configs if _matches(c, winner["config"])), None)
+            match = _candidate(tuner, winner["config"])
             if match is None:
                 return (f"the recorded config of {name} ({config_text(winner['config'])}) is "
                         f"none of this liger-kernel's {len(tuner.configs)} candidates")
@@ -324,7 +329,7 @@ def prefill(tuners: dict, kernels: dict) -> dict[str, list]:
         for winner in record["winners"]:
             if winner["key"] is None:
                 continue
-            match = next((c for c in tuner.configs if _matches(c, winner["config"])), None)
+            match = _candidate(tuner, winner["config"])
             if match is not None:
                 tuner.cache[tuple(winner["key"])] = match
                 done.setdefault(name, []).append(list(winner["key"]))

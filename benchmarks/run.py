@@ -67,8 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "none); record = full, except the keys --b6-configs already holds for "
                         "the shape from this GPU and versions (resumed), then the winners merged "
                         "into it; full = Liger's Triton autotune in each shape's first call; "
-                        "pinned = "
-                        "LIGER_FUSED_MOE_AUTOTUNE=0, one config per kernel")
+                        "pinned = LIGER_FUSED_MOE_AUTOTUNE=0, one config per kernel")
     p.add_argument("--b6-configs", default=None,
                    help="B6's recorded configs (default benchmarks/b6_configs.json)")
     p.add_argument("--item-timeout-s", type=float, default=150.0,

@@ -197,9 +197,7 @@ def run_liger(sr, item: dict, problem, want: dict, record: dict) -> None:
             plan = plan.fall_back(why)
     resumed = {}
     if plan.mode == "record":  # keys already searched on this GPU with these versions
-        import torch
-
-        resumed = pl.prefill(tuners, pl.resumable(plan.key, wanted, torch.cuda.get_device_name(0),
+        resumed = pl.prefill(tuners, pl.resumable(plan.key, wanted, sr.machine.get("gpu_name"),
                                                   record["liger_kernel"], record["triton"],
                                                   path=path))
     if plan.warning is not None:

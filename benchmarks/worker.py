@@ -152,6 +152,7 @@ class ShapeRunner:
         self.dtype = jnp.dtype(spec["dtype"])
         self.shape = problems.scaled_shape(spec["shape"], spec["scale_tokens"],
                                            spec["scale_model"])
+        self.machine: dict = {}  # machine_info(), once run() has started
         self.problems: dict = {}
         self.probes: dict = {}
         self.references: dict = {}
@@ -262,7 +263,7 @@ class ShapeRunner:
         spec = self.spec
         skip = set(spec.get("skip", []))
         items = shape_items(spec["shape"], spec["routings"], spec["passes"], spec["impls"])
-        info = machine_info()
+        info = self.machine = machine_info()
         self.events.emit({"event": "machine", **info})
         _progress(self.t0, f"{spec['shape']} worker on {info['device_kind']} ({info['platform']})")
         if spec.get("ceilings"):

@@ -370,6 +370,7 @@ class _FakeSR:
 
         self.spec = {"shape": "S6", "passes": ["fwd"], "iters": 2, "warmup": 1, **spec}
         self.platform = "gpu"
+        self.machine = {"gpu_name": "NVIDIA H200"}
         self.shape = testing.SHAPES["S6"]
         self.dtype = types.SimpleNamespace(name="bfloat16")
         self.probes = {"balanced": None}
@@ -383,7 +384,7 @@ class _FakeSR:
         record["status"] = "ok"
 
 
-def _run_liger(monkeypatch, spec: dict, module) -> dict:
+def _run_liger(monkeypatch, spec: dict, module, passname: str = "fwd") -> dict:
     from benchmarks import runners
 
     tuners = pl.autotuned_kernels(module)
@@ -410,8 +411,35 @@ def _run_liger(monkeypatch, spec: dict, module) -> dict:
     monkeypatch.setattr(pl, "_printed", set())
     monkeypatch.setenv(pl.ENV, "1")
     record: dict = {}
-    runners.run_liger(_FakeSR(spec), {"pass": "fwd", "routing": "balanced"}, None, {}, record)
+    runners.run_liger(_FakeSR(spec), {"pass": passname, "routing": "balanced"}, None, {}, record)
     return record
+
+
+def test_the_worker_resumes_a_record_run_from_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "b6_configs.json"
+    _forward_searched_file(path)  # S6's forward, searched on an H200 (the fake worker's GPU)
+    module = fake_liger_module()
+    record = _run_liger(monkeypatch, {"b6_configs": str(path), "b6_autotune": "record",
+                                      "passes": ["fwdbwd"]}, module, "fwdbwd")
+    assert record["status"] == "ok" and record["b6_mode"] == "record"
+    assert sorted(record["b6_resumed"]) == sorted((*GEMMS[:2], GATHER))
+    assert "resumed: the keys of" in record["b6_autotune"]
+    assert sorted(record["b6_searched"]) == sorted((*GEMMS[2:], *DW, GATHER))
+    assert all(getattr(module, n).searches == 0 for n in GEMMS[:2])
+    # the same file on another GPU: nothing resumed, everything searched
+    monkeypatch.setattr(_FakeSR, "__init__", _other_gpu(_FakeSR.__init__))
+    record = _run_liger(monkeypatch, {"b6_configs": str(path), "b6_autotune": "record",
+                                      "passes": ["fwdbwd"]}, fake_liger_module(), "fwdbwd")
+    assert "b6_resumed" not in record and "resumed" not in record["b6_autotune"]
+    assert sorted(record["b6_searched"]) == sorted((*GEMMS, *DW, GATHER))
+
+
+def _other_gpu(init):
+    def wrapped(self, spec):
+        init(self, spec)
+        self.machine = {"gpu_name": "NVIDIA H100 80GB HBM3"}
+
+    return wrapped
 
 
 def test_the_worker_times_tuned_without_a_search_and_records_the_configs(tmp_path, monkeypatch,

@@ -47,3 +47,9 @@ def test_short_names_start_at_the_kernel_function():
     assert kt._short("_ZN3mok4cuda17wgmma_gemm_kernelILNS0_4ModeE1E") == (
         "wgmma_gemm_kernelILNS0_4ModeE1E")
     assert kt._short("memset") == "memset"
+
+
+def test_overlapping_calls_cannot_be_cut():
+    # two "calls" whose kernels overlap into one busy interval
+    with pytest.raises(ValueError, match="1 busy intervals for 2 calls"):
+        kt.timeline_stats([("a", 0, 10), ("b", 5, 10)], 2)

@@ -139,10 +139,14 @@ run_harness() { (unset XLA_PYTHON_CLIENT_MEM_FRACTION; run "$@"); }
 
 # The per-phase profile of PROFILE_SHAPES (S2) in each recipe of PROFILE_QUANT (fp8_block; a
 # space-separated list), one log each, PROFILE_TIMEOUT (120 s) each.
+# profiles [MODE]: kernel_timings.py MODE (profile: per-phase times, which the kernels print with
+# JAX_MOK_CUDA_PROFILE=1; timeline: run as they are, unprofiled) for each recipe of PROFILE_QUANT
 profiles() {
+  local mode=${1:-profile} q
   for q in ${PROFILE_QUANT:-fp8_block}; do
-    JAX_MOK_CUDA_PROFILE=1 TAIL=40 run "profile_$q" ${PROFILE_TIMEOUT:-120} \
-      python3 tools/kernel_timings.py profile --shapes ${PROFILE_SHAPES:-S2} --quantization "$q"
+    JAX_MOK_CUDA_PROFILE=$([ "$mode" = profile ] && echo 1 || echo 0) TAIL=40 run "${mode}_$q" \
+      ${PROFILE_TIMEOUT:-120} python3 tools/kernel_timings.py "$mode" \
+      --shapes ${PROFILE_SHAPES:-S2} --quantization "$q"
   done
 }
 
@@ -266,10 +270,7 @@ for s in ${STEPS//,/ }; do
       profiles
       ;;
     timeline)
-      for q in ${PROFILE_QUANT:-fp8_block}; do
-        TAIL=40 run "timeline_$q" ${PROFILE_TIMEOUT:-120} \
-          python3 tools/kernel_timings.py timeline --shapes ${PROFILE_SHAPES:-S2} --quantization "$q"
-      done
+      profiles timeline
       ;;
     bench)
       # bench$TAG: several rounds of one call (ROUND_TAG) keep their own results and worker logs

@@ -387,70 +387,56 @@ def profile(shapes: list[str], quantization: str = "none") -> None:
 
 
 def timeline_stats(events: list[tuple[str, int, int]], calls: int) -> dict:
-    """What ``calls`` synchronized calls' device events ``(name, start_ns, duration_ns)`` say: the
-    events are cut into ``calls`` groups at the ``calls - 1`` widest idle gaps (each call waits for
-    the host between calls), and per call (medians over the groups) ``span_ms`` (first event's
-    start to last event's end), ``busy_ms`` (the union of the events' intervals), ``idle_ms``
-    (span - busy: the device waiting inside a call), ``largest_gap_us``; ``kernels``: each event
-    name's summed duration per call (ms, largest first)."""
+    """What ``calls`` synchronized calls' device events ``(name, start_ns, duration_ns)`` say.
+    The events' union is a list of busy intervals; it is cut into ``calls`` groups at the
+    ``calls - 1`` widest gaps between intervals (each call waits for the host before the next),
+    and per call (medians over the groups) ``span_ms`` (first start to last end), ``busy_ms``
+    (the intervals' length), ``idle_ms`` (span - busy: the device waiting inside a call),
+    ``largest_gap_us``; ``events_per_call``; ``kernels``: each event name's summed duration per
+    call (ms, largest first)."""
     if calls < 1:
         raise ValueError("calls must be >= 1")
-    evs = sorted((start, start + dur, name) for name, start, dur in events if dur >= 0)
+    evs = sorted((start, start + dur) for _, start, dur in events if dur >= 0)
     if len(evs) < calls:
         raise ValueError(f"{len(evs)} device events for {calls} calls")
-    counts, gaps = [], []
-    end = evs[0][1]
-    for i in range(1, len(evs)):
-        gaps.append((evs[i][0] - end, i))
-        end = max(end, evs[i][1])
-    cuts = sorted(i for _, i in sorted(gaps, reverse=True)[:calls - 1])
-    bounds = [0, *cuts, len(evs)]
-    spans, busies, largest = [], [], []
-    per_name: dict[str, float] = {}
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        group = evs[a:b]
-        span = max(e for _, e, _ in group) - group[0][0]
-        busy, cur_s, cur_e, big = 0, group[0][0], group[0][1], 0
-        for start, stop, _ in group[1:]:
-            if start > cur_e:
-                busy += cur_e - cur_s
-                big = max(big, start - cur_e)
-                cur_s, cur_e = start, stop
-            else:
-                cur_e = max(cur_e, stop)
-        busy += cur_e - cur_s
-        spans.append(span)
-        busies.append(busy)
-        largest.append(big)
-        for start, stop, name in group:
-            per_name[name] = per_name.get(name, 0.0) + (stop - start)
-        counts.append(b - a)
+    busy = [list(evs[0])]  # the union of the events' intervals, in order
+    for start, stop in evs[1:]:
+        if start > busy[-1][1]:
+            busy.append([start, stop])
+        else:
+            busy[-1][1] = max(busy[-1][1], stop)
+    if len(busy) < calls:
+        raise ValueError(f"{len(busy)} busy intervals for {calls} calls")
+    gaps = [busy[i + 1][0] - busy[i][1] for i in range(len(busy) - 1)]
+    cuts = sorted(sorted(range(len(gaps)), key=gaps.__getitem__)[len(gaps) - (calls - 1):])
+    bounds = [0, *(i + 1 for i in cuts), len(busy)]
+    groups = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
     med = statistics.median
+    spans = [busy[b - 1][1] - busy[a][0] for a, b in groups]
+    lengths = [sum(e - s for s, e in busy[a:b]) for a, b in groups]
+    per_name: dict[str, float] = {}
+    for name, _, dur in events:
+        per_name[name] = per_name.get(name, 0.0) + dur
     return {
         "calls": calls,
-        "events_per_call": med(counts),
+        "events_per_call": len(evs) / calls,
         "span_ms": med(spans) / 1e6,
-        "busy_ms": med(busies) / 1e6,
-        "idle_ms": med([s - b for s, b in zip(spans, busies, strict=True)]) / 1e6,
-        "largest_gap_us": med(largest) / 1e3,
+        "busy_ms": med(lengths) / 1e6,
+        "idle_ms": med([s - n for s, n in zip(spans, lengths, strict=True)]) / 1e6,
+        "largest_gap_us": med([max(gaps[a:b - 1], default=0) for a, b in groups]) / 1e3,
         "kernels": sorted(((ns / calls / 1e6, name) for name, ns in per_name.items()),
                           reverse=True),
     }
 
 
 def _device_events(trace_dir: str) -> list[tuple[str, int, int]]:
-    """``(name, start_ns, duration_ns)`` of every event on the GPU planes of the newest trace
-    under ``trace_dir`` (kernels, memsets and copies, as CUPTI reports them)."""
-    import glob
+    """``(name, start_ns, duration_ns)`` of every event on the GPU planes' stream lines of the
+    newest trace under ``trace_dir`` (kernels, memsets and copies, as CUPTI reports them)."""
+    from benchmarks.e2e.breakdown import latest_profile
 
-    from jax.profiler import ProfileData
-
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
-                   key=os.path.getmtime)
-    if not files:
-        raise FileNotFoundError(f"no *.xplane.pb under {trace_dir}")
+    data, _ = latest_profile(trace_dir)
     out, seen = [], []
-    for plane in ProfileData.from_file(files[-1]).planes:
+    for plane in data.planes:
         seen.append(f"{plane.name}: {[line.name for line in plane.lines]}")
         if not plane.name.startswith("/device:GPU"):
             continue

@@ -90,6 +90,18 @@ def _stat_value(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def latest_profile(trace_dir: str):
+    """``(ProfileData, path)`` of the newest ``*.xplane.pb`` under ``trace_dir`` (what
+    :func:`jax.profiler.trace` wrote there)."""
+    from jax.profiler import ProfileData
+
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        raise FileNotFoundError(f"no *.xplane.pb under {trace_dir}")
+    return ProfileData.from_file(files[-1]), files[-1]
+
+
 def op_times(trace_dir: str, module: str | None = None,
              known: set[str] | None = None) -> tuple[dict[str, float], str]:
     """Summed duration (ns) per HLO op name over every device-op event of the newest trace under
@@ -98,13 +110,7 @@ def op_times(trace_dir: str, module: str | None = None,
     without an ``hlo_op`` stat counts where its own name is one of them (or is one with its dots
     written as underscores, as GPU kernel names are)."""
     by_kernel_name = {n.replace(".", "_"): n for n in known or ()}
-    from jax.profiler import ProfileData
-
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
-                   key=os.path.getmtime)
-    if not files:
-        raise FileNotFoundError(f"no *.xplane.pb under {trace_dir}")
-    data = ProfileData.from_file(files[-1])
+    data, path = latest_profile(trace_dir)
     per_plane: dict[str, dict[str, float]] = {}
     for plane in data.planes:
         totals: dict[str, float] = collections.defaultdict(float)
@@ -128,7 +134,7 @@ def op_times(trace_dir: str, module: str | None = None,
         for op, ns in totals.items():
             merged[op] += ns
     if not merged:
-        raise ValueError(f"no HLO-op events (hlo_op stat) in {files[-1]}")
+        raise ValueError(f"no HLO-op events (hlo_op stat) in {path}")
     return dict(merged), ", ".join(sorted(chosen))
 
 
