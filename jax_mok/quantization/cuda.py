@@ -25,11 +25,13 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from jax_mok.kernels import _ffi, targets
 from jax_mok.kernels.autodiff import check_implementation, resolve_save_activations
-from jax_mok.quantization import layer
+from jax_mok.quantization import blocks, layer
 from jax_mok.quantization.blocks import QuantizedWeight
+from jax_mok.tuning import KernelTuning
 from jax_mok.warn import warn_once
 
 
@@ -134,6 +136,116 @@ def _prepared_bwd(recipe, save, weight_grads, residuals, dy):
 routed_experts_fp8_prepared_cuda.defvjp(_prepared_fwd, _prepared_bwd)
 
 
+# --- mxfp8 through the BF16 GEMMs ----------------------------------------------------------
+# Hopper's FP8 wgmma has no block scales: mxfp8's GEMMs promote every 32 products to float32 on
+# the CUDA cores, which costs more issue slots than the tensor time it saves (docs/fp8.md). Here
+# the BF16 kernels run on the mxfp8 operands dequantized exactly instead: an E4M3 value times 2^e
+# has at most 4 significant bits, a bf16 value whenever e >= -124 (below that the bf16 rounding of
+# values under 2^-133 is the only difference from the float32 oracle). x, dy and the weights are
+# quantized by the CUDA quantizers and dequantized by XLA; a = SwiGLU(h) is quantized from its
+# float32 value in the gate/up epilogue (kSwiGLUMx) and dh by a pass before dh·Wguᵀ, as the
+# layer's semantics say. The weight gradients are the BF16 backward's: weight_grads="unquantized"
+# only. The forward always keeps h (the backward's BF16 path has no recompute of it).
+_MX = "mxfp8"
+_MX_KERNEL = KernelTuning()
+
+
+def _mx_rows(x):
+    """deq(Q(x)) along the last axis in x's dtype."""
+    return blocks.dequantize(*targets.quantize_rows(x, _MX), _MX).astype(x.dtype)
+
+
+def _mx_weight(pair, axis: int, dtype):
+    """A ``(values, scales)`` pair quantized along ``axis``, dequantized to ``dtype`` in the
+    weight's logical layout (what the BF16 kernels read)."""
+    return QuantizedWeight(*pair, _MX, axis).dequantize(dtype)
+
+
+@jax.custom_vjp
+def routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+    """The mxfp8 layer on the BF16 kernels (block comment above): ``y [T, H]`` bf16 from bf16
+    ``x2d`` and array weights, the values of :func:`jax_mok.quantization.layer.routed_experts_fp8`
+    with ``recipe="mxfp8"``, ``weight_grads="unquantized"`` up to float32 summation order."""
+    dt = x2d.dtype
+    wgu, wd = (w.dequantize(dt) if isinstance(w, QuantizedWeight)  # quantize_params' layouts
+               else _mx_weight(targets.quantize_weight(w, _MX, 1), 1, dt)
+               for w in (w_gate_up, w_down))
+    y, _ = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights, wgu, wd, False)
+    return y
+
+
+def _mx_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+    _check_trainable(w_gate_up, w_down)
+    dt = x2d.dtype
+    # One pass per weight writes both layouts; the backward's are kept in E4M3 (half the bytes
+    # of their dequantized bf16) and dequantized when the backward runs.
+    wgu, wgu_t = targets.quantize_weight_both(w_gate_up, _MX)  # along H / along 2F
+    wd, wd_t = targets.quantize_weight_both(w_down, _MX)  # along F / along H
+    y, h = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights,
+                              _mx_weight(wgu, 1, dt), _mx_weight(wd, 1, dt), True)
+    return y, (x2d, topk_ids, topk_weights, wgu_t, wd_t, h)
+
+
+def _mx_backward(x2d, topk_ids, topk_weights, wgu_t, wd_t, h, dy):
+    dt = x2d.dtype
+    dy = dy.astype(dt)
+    return targets.mx_backward_saved(_MX_KERNEL, _mx_rows(dy), dy, x2d, topk_ids, topk_weights,
+                                     _mx_weight(wgu_t, 2, dt), _mx_weight(wd_t, 2, dt), h)
+
+
+def _mx_bwd(residuals, dy):
+    dx, d_w, d_gu, d_dn = _mx_backward(*residuals, dy)
+    return dx, None, d_w, d_gu, d_dn
+
+
+routed_experts_mx_bf16_cuda.defvjp(_mx_fwd, _mx_bwd)
+
+
+@jax.custom_vjp
+def routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down,
+                                         prepared):
+    """:func:`routed_experts_mx_bf16_cuda` reading ``prepared`` (an mxfp8 ``Fp8Weights``)
+    instead of quantizing the weights; ``w_gate_up`` / ``w_down`` only receive the gradients."""
+    del w_gate_up, w_down
+    dt = x2d.dtype
+    y, _ = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights,
+                              prepared.gate_up.dequantize(dt), prepared.down.dequantize(dt),
+                              False)
+    return y
+
+
+def _mx_prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared):
+    if not prepared.backward:
+        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
+                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
+    dt = x2d.dtype
+    y, h = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights,
+                              prepared.gate_up.dequantize(dt), prepared.down.dequantize(dt), True)
+    return y, (x2d, topk_ids, topk_weights, _pair(prepared.gate_up_t), _pair(prepared.down_t), h)
+
+
+def _mx_prepared_bwd(residuals, dy):
+    dx, d_w, d_gu, d_dn = _mx_backward(*residuals, dy)
+    return dx, None, d_w, d_gu, d_dn, None
+
+
+routed_experts_mx_bf16_prepared_cuda.defvjp(_mx_prepared_fwd, _mx_prepared_bwd)
+
+
+def mx_bf16_limits(x_dtype, weight_grads: str) -> str | None:
+    """None when :func:`routed_experts_mx_bf16_cuda` runs a call (beyond :func:`cuda_limits`),
+    else why not."""
+    if jnp.dtype(x_dtype) != jnp.bfloat16:
+        return f"mxfp8 through the BF16 GEMMs needs bfloat16 x, got {jnp.dtype(x_dtype)}"
+    if weight_grads != "unquantized":
+        return ("mxfp8 through the BF16 GEMMs computes the weight gradients in bf16 "
+                "(fp8_weight_gradients='unquantized'), not " + repr(weight_grads))
+    module = _ffi.cuda_module()
+    if module is not None and not module.device_info().get("wgmma_path", False):
+        return "mxfp8 through the BF16 GEMMs needs the wgmma kernels (a build with CUTLASS)"
+    return None
+
+
 # Experts per call of the FP8 kernels (ffi/cuda/phases/fp8.h: kFp8MaxExperts).
 MAX_EXPERTS = 1024
 
@@ -155,19 +267,31 @@ def cuda_limits(hidden: int, ffn: int, experts: int = 1) -> str | None:
 def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, w_gate_up,
                        w_down, recipe: str, *, implementation: str = "ffi",
                        save_activations: bool | None = None, prepared=None,
-                       weight_grads: str = "fp8") -> jax.Array:
+                       weight_grads: str = "fp8", mx_gemm: str = "fp8") -> jax.Array:
     """The FP8 routed experts: the CUDA kernels for ``implementation="cuda"``, or ``"ffi"`` with
     a GPU default backend, where :func:`cuda_limits` allows (a one-time warning says why not,
     and the pure-JAX layer runs); :func:`jax_mok.quantization.layer.routed_experts_fp8` everywhere
     else. ``prepared``: the expert weights' FP8 layouts (``jax_mok.fp8_weights``), read instead
     of quantizing ``w_gate_up`` / ``w_down``. ``weight_grads``: ``"fp8"`` or ``"unquantized"``
-    (``MoEConfig.fp8_weight_gradients``)."""
+    (``MoEConfig.fp8_weight_gradients``). ``mx_gemm`` (mxfp8 on the kernels): ``"fp8"`` (FP8
+    wgmma with the per-32 promotion) or ``"bf16"`` (:func:`routed_experts_mx_bf16_cuda`), under
+    measurement (docs/perf-notes.md)."""
     check_implementation(implementation)
+    if mx_gemm not in ("fp8", "bf16"):
+        raise ValueError(f"mx_gemm must be 'fp8' or 'bf16', got {mx_gemm!r}")
     layer.check_weight_grads(weight_grads)
     on_gpu = implementation == "cuda" or (
         implementation == "ffi" and jax.default_backend() == "gpu")
     if on_gpu:
         reason = cuda_limits(x2d.shape[-1], w_down.shape[-2], w_down.shape[0])
+        if reason is None and recipe == _MX and mx_gemm == "bf16":
+            why = mx_bf16_limits(x2d.dtype, weight_grads)
+            if why is not None:
+                raise ValueError(f"jax_mok: mx_gemm='bf16': {why}")
+            if prepared is not None:
+                return routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights,
+                                                            w_gate_up, w_down, prepared)
+            return routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down)
         if reason is None:
             save = resolve_save_activations(implementation, save_activations)
             if prepared is not None:
@@ -182,5 +306,6 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
                                     prepared=prepared, weight_grads=weight_grads)
 
 
-__all__ = ["MAX_EXPERTS", "cuda_limits", "routed_experts_fp8", "routed_experts_fp8_cuda",
-           "routed_experts_fp8_prepared_cuda"]
+__all__ = ["MAX_EXPERTS", "cuda_limits", "mx_bf16_limits", "routed_experts_fp8",
+           "routed_experts_fp8_cuda", "routed_experts_fp8_prepared_cuda",
+           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda"]

@@ -149,6 +149,49 @@ cudaError_t launch_quantize_rows(const T* src, int rows, const int* rows_limit, 
   return cudaGetLastError();
 }
 
+// deq(Q(src)) of mxfp8 in bf16 (mx_qdq_pair): src and dst hold `blocks` blocks of 32
+// consecutive elements (the rows of a [rows][C] matrix with C % 32 == 0, in row order), one
+// block per thread. mxfp8 through the BF16 GEMMs: the backward's dh as dh·Wgu^T reads it (dh
+// itself stays the dWgu operand). src is read once: evict-first. (A template: one definition
+// across the translation units that include this header.)
+template <class T>
+__global__ void __launch_bounds__(256)
+    mx_qdq_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t blocks) {
+  static_assert(std::is_same_v<T, bf16>, "bf16 rows");
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (b >= blocks) return;
+  uint4 raw[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) raw[j] = __ldcs(reinterpret_cast<const uint4*>(src) + 4 * b + j);
+  float f[32];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) float8_of<bf16>(&raw[j], f + 8 * j);
+  float m = 0.f;
+#pragma unroll
+  for (int l = 0; l < 32; ++l) m = amax_combine(m, f[l]);
+  const BlockScale bs = block_scale<Recipe::kMx>(m);
+  uint32_t out[16];
+#pragma unroll
+  for (int l = 0; l < 16; ++l) {
+    const float2 q = mx_qdq_pair(make_float2(f[2 * l], f[2 * l + 1]), bs);
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(q.x, q.y);
+    out[l] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    reinterpret_cast<uint4*>(dst)[4 * b + j] =
+        make_uint4(out[4 * j], out[4 * j + 1], out[4 * j + 2], out[4 * j + 3]);
+}
+
+// n elements (a multiple of 32; both pointers 16-byte aligned).
+inline cudaError_t launch_mx_qdq(const bf16* src, bf16* dst, int64_t n, cudaStream_t stream) {
+  const int64_t blocks = n / 32;
+  if (blocks == 0) return cudaSuccess;
+  mx_qdq_kernel<bf16>
+      <<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream>>>(src, dst, blocks);
+  return cudaGetLastError();
+}
+
 constexpr int kSegRows = 128, kSegCols = 64;
 // Column tiles in flight per CTA: 16 KB each for bf16 (32 KB for float32), ~64 KB of ring.
 template <class T>

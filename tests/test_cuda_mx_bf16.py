@@ -1,0 +1,88 @@
+"""GPU tests of mxfp8 through the BF16 GEMMs (``mx_gemm="bf16"``,
+``jax_mok.quantization.cuda.routed_experts_mx_bf16_cuda``): values and every gradient against the
+pure-JAX mxfp8 layer (``weight_grads="unquantized"``), prepared weights bitwise equal to the plain
+call, bitwise determinism. Skipped without a GPU; ``JAX_MOK_REQUIRE_CUDA=1`` turns the skips into
+failures (GPU machine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from test_cuda_fp8 import CASES, NAMES, _poison, _reference, _rel, _vjp_fn  # noqa: E402
+from test_cuda_kernels import _problem  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cuda_backend():
+    import os
+
+    from jax_mok.kernels import _ffi
+
+    if _ffi.cuda_module() is None:
+        if os.environ.get("JAX_MOK_REQUIRE_CUDA") == "1":
+            pytest.fail("JAX_MOK_REQUIRE_CUDA=1 but jax_mok._mok_cuda is not built")
+        pytest.skip("jax_mok._mok_cuda is not built")
+
+
+def _mx(prepared=None, mx_gemm="bf16"):
+    from jax_mok.quantization import cuda as kernels_fp8
+
+    return _vjp_fn(lambda x, ids, w, wgu, wd: kernels_fp8.routed_experts_fp8(
+        x, ids, w, wgu, wd, "mxfp8", implementation="cuda", weight_grads="unquantized",
+        prepared=prepared, mx_gemm=mx_gemm))
+
+
+def _bits(a):
+    return np.asarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("T,H,F,E,k,kind", CASES)
+def test_matches_mx_reference(T, H, F, E, k, kind):
+    """The oracle sums in float32 at full precision on the dequantized operands; the BF16 wgmma
+    multiplies them exactly (at most 4 significant bits each) and accumulates in float32, so what
+    differs is the summation order and the bf16 rounding of the outputs the layer rounds (h, dh,
+    y, the gradients), through which a value of a or dh now and then lands on the neighbouring E4M3
+    step. Bound 1e-2, the FP8 kernels' float32 bound (test_cuda_fp8.py), which also covers their
+    reduced-precision accumulation that this path does not have."""
+    args = _problem(T + E + 2, T, H, F, E, k, jnp.bfloat16, kind)
+    ref = _reference("mxfp8", args, "unquantized")
+    _poison(*ref)
+    got = _mx()(*args)
+    for name, g, r in zip(NAMES, got, ref, strict=True):
+        assert g.shape == r.shape and g.dtype == r.dtype, f"{name}: {g.shape} {g.dtype}"
+        err = _rel(g, r)
+        assert err <= 1e-2, f"{name}: rel error {err:.3e} ({T=} {H=} {F=} {kind})"
+    dw = np.asarray(got[2])
+    assert np.all(dw[np.asarray(args[1]) < 0] == 0.0), "skipped assignments: zero d_topk_weights"
+
+
+def test_deterministic_and_prepared_equals_plain():
+    from jax_mok.quantization.weights import Fp8Weights, quantize_expert_weight
+
+    args = _problem(7, *CASES[4][:5], jnp.bfloat16, CASES[4][5])
+    first = _mx()(*args)
+    again = _mx()(*args)
+    wgu, wd = args[3], args[4]
+    gu, gu_t = quantize_expert_weight(wgu, "mxfp8", True, True)
+    dn, dn_t = quantize_expert_weight(wd, "mxfp8", True, True)
+    prepared = Fp8Weights(gu, dn, gu_t, dn_t, "mxfp8", "bfloat16")
+    with_prepared = _mx(prepared)(*args)
+    for name, a, b, c in zip(NAMES, first, again, with_prepared, strict=True):
+        assert np.array_equal(_bits(a), _bits(b)), f"{name}: not deterministic"
+        assert np.array_equal(_bits(a), _bits(c)), f"{name}: prepared differs from plain"
+
+
+def test_close_to_the_promoted_fp8_kernels():
+    """Both compute the same semantics; the promoted FP8 wgmma's reduced-precision accumulation is
+    the larger part of their distance (within the two bounds of the reference tests)."""
+    args = _problem(11, *CASES[0][:5], jnp.bfloat16, CASES[0][5])
+    bf16 = _mx()(*args)
+    fp8 = _mx(mx_gemm="fp8")(*args)
+    for name, a, b in zip(NAMES, bf16, fp8, strict=True):
+        assert _rel(a, b) <= 2.5e-2, name
