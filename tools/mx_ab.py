@@ -39,7 +39,7 @@ def _variants():
         return f
 
     return {"bf16": (bf16, False), "mx fp8": (mx("fp8"), False), "mx bf16": (mx("bf16"), False),
-            "mx fp8 prepared": (mx("fp8"), True), "mx bf16 prepared": (mx("bf16"), True)}
+            "mx bf16 prepared": (mx("bf16"), True), "mx fp8 prepared": (mx("fp8"), True)}
 
 
 def _prepare(wgu, wd):

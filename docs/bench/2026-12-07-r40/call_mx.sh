@@ -3,7 +3,7 @@
 # A/B of the two mxfp8 GEMM paths against our BF16 (tools/mx_ab.py), raw logs into $OUT.
 #   carry [".device/ext-mx", ".whl"]
 #   OUT=$OUT JAX_MOK_GIT_COMMIT=<head> bash docs/bench/2026-12-07-r40/call_mx.sh [SHAPES] [AB_S]
-# SHAPES: tools/mx_ab.py's (default S1,S2,S3,S6); AB_S: its time limit (default 330 s).
+# SHAPES: tools/mx_ab.py's (default S1,S6,S3,S2); AB_S: its time limit (default 330 s).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 JAX_MOK_REQUIRE_CUDA=1
@@ -29,6 +29,6 @@ echo "fp8 tests rc=$rb: $(tail -1 "$OUT/fp8_tests.log")"
 grep -E "FAILED|Error|rel error" "$OUT/mx_tests.log" | head -20
 echo "tests: $(( SECONDS - t )) s"
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout "${2:-330}" python3 tools/mx_ab.py \
-  --shapes "${1:-S1,S2,S3,S6}" > "$OUT/mx_ab.log" 2>&1
+  --shapes "${1:-S1,S6,S3,S2}" > "$OUT/mx_ab.log" 2>&1
 echo "mx_ab rc=$?"
 tail -40 "$OUT/mx_ab.log"
