@@ -22,7 +22,7 @@ sys.path.insert(0, __file__.rsplit("/tools/", 1)[0])
 from benchmarks.problems import make_problem  # noqa: E402
 from benchmarks.timing import time_steps  # noqa: E402
 from jax_mok import testing  # noqa: E402
-from jax_mok.kernels import autodiff  # noqa: E402
+from jax_mok.kernels import _ffi, autodiff  # noqa: E402
 from jax_mok.quantization import cuda as fp8_cuda  # noqa: E402
 from jax_mok.quantization.weights import Fp8Weights, quantize_expert_weight  # noqa: E402
 
@@ -85,6 +85,8 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args()
+    if not _ffi.kernels_built("cuda"):  # also registers the CUDA targets with XLA
+        raise SystemExit("mx_ab: jax_mok._mok_cuda is not built")
     rows = []
     for name in args.shapes.split(","):
         shape = testing.SHAPES[name]
