@@ -63,19 +63,43 @@ def test_matches_mx_reference(T, H, F, E, k, kind):
 
 
 def test_deterministic_and_prepared_equals_plain():
-    from jax_mok.quantization.weights import Fp8Weights, quantize_expert_weight
+    from jax_mok.quantization import cuda as kernels_fp8
 
     args = _problem(7, *CASES[4][:5], jnp.bfloat16, CASES[4][5])
     first = _mx()(*args)
     again = _mx()(*args)
-    wgu, wd = args[3], args[4]
-    gu, gu_t = quantize_expert_weight(wgu, "mxfp8", True, True)
-    dn, dn_t = quantize_expert_weight(wd, "mxfp8", True, True)
-    prepared = Fp8Weights(gu, dn, gu_t, dn_t, "mxfp8", "bfloat16")
+    prepared = kernels_fp8.mx_bf16_weights(args[3], args[4])
     with_prepared = _mx(prepared)(*args)
     for name, a, b, c in zip(NAMES, first, again, with_prepared, strict=True):
         assert np.array_equal(_bits(a), _bits(b)), f"{name}: not deterministic"
         assert np.array_equal(_bits(a), _bits(c)), f"{name}: prepared differs from plain"
+
+
+@pytest.mark.parametrize("axis,shape", [(1, (300, 256)), (1, (3, 64, 96)), (2, (3, 64, 96))])
+def test_qdq_kernel_bits_equal_jax(axis, shape):
+    """mok_mx_qdq: deq(Q(x)) in bf16, bit for bit jax_mok.quantization's (values times their
+    block's 2^e, float32, then to bf16), with special values in some blocks."""
+    from jax_mok.kernels import targets
+    from jax_mok.quantization import blocks
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(np.float32) * 3.0
+    flat = x.reshape(-1, shape[-1])
+    flat[0, :32] = 0.0
+    flat[1, :32] *= 1e30
+    flat[2, :32] *= 1e-30
+    flat[3, 5] = np.nan
+    flat[4, 7] = np.inf
+    x = jnp.asarray(flat.reshape(shape), jnp.bfloat16)
+    got = jax.jit(lambda x: targets.mx_qdq(x, axis))(x)
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        want = blocks.fake_quantize(jax.device_put(x, cpu), "mxfp8", axis).astype(jnp.bfloat16)
+    g, w = np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)
+    nan = np.isnan(np.asarray(want, np.float32))
+    assert np.array_equal(np.isnan(np.asarray(got, np.float32)), nan)
+    bad = np.flatnonzero((g != w) & ~nan)
+    assert bad.size == 0, f"{bad.size} elements differ, first at {bad[:3].tolist()}"
 
 
 def test_close_to_the_promoted_fp8_kernels():

@@ -32,11 +32,12 @@ def _call(x, ids, w, wgu, wd, prepared=None, **kw):
     return fp8_cuda.routed_experts_fp8(x, ids, w, wgu, wd, "mxfp8", prepared=prepared, **kw)
 
 
-def _lowered_grad(prepared=None):
+def _lowered_grad(prepared: bool = False):
     _, params, x, ids, w = _args()
 
     def loss(x, w, wgu, wd):
-        return jnp.sum(_call(x, ids, w, wgu, wd, prepared).astype(jnp.float32) ** 2)
+        pw = fp8_cuda.mx_bf16_weights(wgu, wd) if prepared else None
+        return jnp.sum(_call(x, ids, w, wgu, wd, pw).astype(jnp.float32) ** 2)
 
     grad = jax.grad(loss, argnums=(0, 1, 2, 3))
     args = (x, w, params.w_gate_up, params.w_down)
@@ -55,15 +56,20 @@ def test_lowers_to_the_mx_targets(cuda_built):
     text = _lowered_grad()
     assert "mok_moe_fwd_train_mx" in text and "mok_moe_bwd_saved_mx" in text
     assert "_fp8" not in text  # no FP8 GEMM target: mok_moe_fwd_train_fp8, mok_moe_bwd_*_fp8
-    assert "mok_quantize_weight_both" in text  # from the master weights, once per call
+    assert "mok_quantize" not in text  # x, dy, the weights: deq(Q(.)) by mok_mx_qdq
+    assert text.count("mok_mx_qdq") == 6  # x, dy, and each weight along both of its axes
 
 
-def test_prepared_weights_lower_to_no_weight_quantizer(cuda_built):
-    config, params, *_ = _args()
-    prepared = jax_mok.fp8_weights(params, implementation="reference")
-    text = _lowered_grad(prepared)
+def test_prepared_weights(cuda_built):
+    """With MxBf16Weights made in the step, the layer itself qdq's x and dy only; an Fp8Weights
+    (the promoted path's layouts) is refused."""
+    text = _lowered_grad(prepared=True)
     assert "mok_moe_fwd_train_mx" in text and "mok_moe_bwd_saved_mx" in text
-    assert "mok_quantize_weight" not in text and "mok_quantize" in text  # x and dy rows only
+    assert text.count("mok_mx_qdq") == 6  # 4 made by mx_bf16_weights, x and dy by the layer
+    _, params, x, ids, w = _args()
+    fp8 = jax_mok.fp8_weights(params, implementation="reference")
+    with pytest.raises(TypeError, match="MxBf16Weights"):
+        _call(x, ids, w, params.w_gate_up, params.w_down, fp8)
 
 
 def test_refuses_what_it_cannot_run(cuda_built):

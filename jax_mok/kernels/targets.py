@@ -191,6 +191,14 @@ def moe_backward_saved(kernel: KernelTuning, dy, x2d, topk_ids, topk_weights, w_
                  h, attrs=attrs)
 
 
+def mx_qdq(x, axis: int):
+    """``mok_mx_qdq`` (CUDA, bf16): deq(Q(x)) of mxfp8 in x's shape and dtype, quantized along
+    ``axis`` — the last of ``x [R, C]``, or 1 / 2 of expert weights ``[E, A, B]`` — by one kernel
+    pass (2 bytes read and written per element)."""
+    return _call("mok_mx_qdq", _like(x), x, attrs={"axis": np.int32(axis)},
+                 vmap_method="sequential")
+
+
 def mx_forward(kernel: KernelTuning, x_mx, topk_ids, topk_weights, w_gate_up_mx, w_down_mx,
                save: bool):
     """``mok_moe_fwd_mx`` (``save``: ``mok_moe_fwd_train_mx``), CUDA, bf16: the local forward
@@ -456,6 +464,7 @@ __all__ = [
     "moe_forward_train",
     "mx_backward_saved",
     "mx_forward",
+    "mx_qdq",
     "no_vmap_of_gradients",
     "quantize_rows",
     "quantize_weight",

@@ -22,6 +22,7 @@ its gate/up GEMM; without it the backward recomputes h (the same bits).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 
 from jax_mok.kernels import _ffi, targets
 from jax_mok.kernels.autodiff import check_implementation, resolve_save_activations
-from jax_mok.quantization import blocks, layer
+from jax_mok.quantization import layer
 from jax_mok.quantization.blocks import QuantizedWeight
 from jax_mok.tuning import KernelTuning
 from jax_mok.warn import warn_once
@@ -141,24 +142,42 @@ routed_experts_fp8_prepared_cuda.defvjp(_prepared_fwd, _prepared_bwd)
 # the CUDA cores, which costs more issue slots than the tensor time it saves (docs/fp8.md). Here
 # the BF16 kernels run on the mxfp8 operands dequantized exactly instead: an E4M3 value times 2^e
 # has at most 4 significant bits, a bf16 value whenever e >= -124 (below that the bf16 rounding of
-# values under 2^-133 is the only difference from the float32 oracle). x, dy and the weights are
-# quantized by the CUDA quantizers and dequantized by XLA; a = SwiGLU(h) is quantized from its
-# float32 value in the gate/up epilogue (kSwiGLUMx) and dh by a pass before dh·Wguᵀ, as the
-# layer's semantics say. The weight gradients are the BF16 backward's: weight_grads="unquantized"
-# only. The forward always keeps h (the backward's BF16 path has no recompute of it).
+# values under 2^-133 is the only difference from the float32 oracle). x, dy and the weights pass
+# through ``mok_mx_qdq`` (deq(Q(.)) in one pass, in place of their layouts); a = SwiGLU(h) is
+# quantized from its float32 value in the gate/up epilogue (kSwiGLUMx) and dh by a pass before
+# dh·Wguᵀ, as the layer's semantics say. The weight gradients are the BF16 backward's:
+# weight_grads="unquantized" only. The forward always keeps h (the BF16 backward on these
+# operands has no recompute of it).
 _MX = "mxfp8"
 _MX_KERNEL = KernelTuning()
 
 
-def _mx_rows(x):
-    """deq(Q(x)) along the last axis in x's dtype."""
-    return blocks.dequantize(*targets.quantize_rows(x, _MX), _MX).astype(x.dtype)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MxBf16Weights:
+    """The expert weights as this path reads them, made once per optimizer step
+    (:func:`mx_bf16_weights`): deq(Q(w)) in bf16 and the weights' logical layouts — ``gate_up``
+    along H, ``down`` along F (the forward), ``gate_up_t`` along 2F, ``down_t`` along H (the
+    data gradients)."""
+
+    gate_up: jax.Array
+    down: jax.Array
+    gate_up_t: jax.Array
+    down_t: jax.Array
 
 
-def _mx_weight(pair, axis: int, dtype):
-    """A ``(values, scales)`` pair quantized along ``axis``, dequantized to ``dtype`` in the
-    weight's logical layout (what the BF16 kernels read)."""
-    return QuantizedWeight(*pair, _MX, axis).dequantize(dtype)
+def mx_bf16_weights(w_gate_up: jax.Array, w_down: jax.Array) -> MxBf16Weights:
+    """:class:`MxBf16Weights` of bf16 ``w_gate_up [E, H, 2F]`` and ``w_down [E, F, H]``."""
+    w_gate_up, w_down = (jax.lax.stop_gradient(w) for w in (w_gate_up, w_down))
+    return MxBf16Weights(targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1),
+                         targets.mx_qdq(w_gate_up, 2), targets.mx_qdq(w_down, 2))
+
+
+def _mx_forward_weights(w_gate_up, w_down, dtype):
+    """The forward's operands: deq(Q(.)) along H / F; quantize_params' QuantizedWeights (those
+    layouts) dequantized."""
+    return tuple(w.dequantize(dtype) if isinstance(w, QuantizedWeight) else targets.mx_qdq(w, 1)
+                 for w in (w_gate_up, w_down))
 
 
 @jax.custom_vjp
@@ -166,35 +185,31 @@ def routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down):
     """The mxfp8 layer on the BF16 kernels (block comment above): ``y [T, H]`` bf16 from bf16
     ``x2d`` and array weights, the values of :func:`jax_mok.quantization.layer.routed_experts_fp8`
     with ``recipe="mxfp8"``, ``weight_grads="unquantized"`` up to float32 summation order."""
-    dt = x2d.dtype
-    wgu, wd = (w.dequantize(dt) if isinstance(w, QuantizedWeight)  # quantize_params' layouts
-               else _mx_weight(targets.quantize_weight(w, _MX, 1), 1, dt)
-               for w in (w_gate_up, w_down))
-    y, _ = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights, wgu, wd, False)
+    wgu, wd = _mx_forward_weights(w_gate_up, w_down, x2d.dtype)
+    y, _ = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights, wgu, wd,
+                              False)
     return y
 
 
 def _mx_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down):
     _check_trainable(w_gate_up, w_down)
-    dt = x2d.dtype
-    # One pass per weight writes both layouts; the backward's are kept in E4M3 (half the bytes
-    # of their dequantized bf16) and dequantized when the backward runs.
-    wgu, wgu_t = targets.quantize_weight_both(w_gate_up, _MX)  # along H / along 2F
-    wd, wd_t = targets.quantize_weight_both(w_down, _MX)  # along F / along H
-    y, h = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights,
-                              _mx_weight(wgu, 1, dt), _mx_weight(wd, 1, dt), True)
-    return y, (x2d, topk_ids, topk_weights, wgu_t, wd_t, h)
+    wgu, wd = _mx_forward_weights(w_gate_up, w_down, x2d.dtype)
+    y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights, wgu, wd,
+                              True)
+    # The backward's layouts are made there from the weights (alive anyway): no residual copy.
+    return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
 
 
 def _mx_backward(x2d, topk_ids, topk_weights, wgu_t, wd_t, h, dy):
-    dt = x2d.dtype
-    dy = dy.astype(dt)
-    return targets.mx_backward_saved(_MX_KERNEL, _mx_rows(dy), dy, x2d, topk_ids, topk_weights,
-                                     _mx_weight(wgu_t, 2, dt), _mx_weight(wd_t, 2, dt), h)
+    dy = dy.astype(x2d.dtype)
+    return targets.mx_backward_saved(_MX_KERNEL, targets.mx_qdq(dy, 1), dy, x2d, topk_ids,
+                                     topk_weights, wgu_t, wd_t, h)
 
 
 def _mx_bwd(residuals, dy):
-    dx, d_w, d_gu, d_dn = _mx_backward(*residuals, dy)
+    x2d, topk_ids, topk_weights, w_gate_up, w_down, h = residuals
+    dx, d_w, d_gu, d_dn = _mx_backward(x2d, topk_ids, topk_weights, targets.mx_qdq(w_gate_up, 2),
+                                       targets.mx_qdq(w_down, 2), h, dy)
     return dx, None, d_w, d_gu, d_dn
 
 
@@ -204,24 +219,19 @@ routed_experts_mx_bf16_cuda.defvjp(_mx_fwd, _mx_bwd)
 @jax.custom_vjp
 def routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down,
                                          prepared):
-    """:func:`routed_experts_mx_bf16_cuda` reading ``prepared`` (an mxfp8 ``Fp8Weights``)
-    instead of quantizing the weights; ``w_gate_up`` / ``w_down`` only receive the gradients."""
+    """:func:`routed_experts_mx_bf16_cuda` reading ``prepared`` (:class:`MxBf16Weights`) instead
+    of quantizing the weights; ``w_gate_up`` / ``w_down`` only receive the gradients."""
     del w_gate_up, w_down
-    dt = x2d.dtype
-    y, _ = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights,
-                              prepared.gate_up.dequantize(dt), prepared.down.dequantize(dt),
-                              False)
+    y, _ = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
+                              prepared.gate_up, prepared.down, False)
     return y
 
 
 def _mx_prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared):
-    if not prepared.backward:
-        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
-                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
-    dt = x2d.dtype
-    y, h = targets.mx_forward(_MX_KERNEL, _mx_rows(x2d), topk_ids, topk_weights,
-                              prepared.gate_up.dequantize(dt), prepared.down.dequantize(dt), True)
-    return y, (x2d, topk_ids, topk_weights, _pair(prepared.gate_up_t), _pair(prepared.down_t), h)
+    del w_gate_up, w_down
+    y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
+                              prepared.gate_up, prepared.down, True)
+    return y, (x2d, topk_ids, topk_weights, prepared.gate_up_t, prepared.down_t, h)
 
 
 def _mx_prepared_bwd(residuals, dy):
@@ -289,6 +299,9 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
             if why is not None:
                 raise ValueError(f"jax_mok: mx_gemm='bf16': {why}")
             if prepared is not None:
+                if not isinstance(prepared, MxBf16Weights):
+                    raise TypeError("jax_mok: mx_gemm='bf16' reads MxBf16Weights "
+                                    "(mx_bf16_weights), got " + type(prepared).__name__)
                 return routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights,
                                                             w_gate_up, w_down, prepared)
             return routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down)
@@ -308,4 +321,5 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
 
 __all__ = ["MAX_EXPERTS", "cuda_limits", "mx_bf16_limits", "routed_experts_fp8",
            "routed_experts_fp8_cuda", "routed_experts_fp8_prepared_cuda",
-           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda"]
+           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda", "MxBf16Weights",
+           "mx_bf16_weights"]

@@ -49,6 +49,7 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_moe_fwd_mx"] = Capsule(MokMoeFwdMxCuda);
     d["mok_moe_fwd_train_mx"] = Capsule(MokMoeFwdTrainMxCuda);
     d["mok_moe_bwd_saved_mx"] = Capsule(MokMoeBwdSavedMxCuda);
+    d["mok_mx_qdq"] = Capsule(MokMxQdqCuda);  // handlers/fp8.cu
     return d;
   });
   m.def("device_info", [] {
