@@ -12,22 +12,18 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from test_cuda_fp8 import CASES, NAMES, _poison, _reference, _rel, _vjp_fn  # noqa: E402
+from test_cuda_fp8 import (  # noqa: E402, F401 - _cuda_backend: the same autouse fixture
+    CASES,
+    NAMES,
+    _cuda_backend,
+    _poison,
+    _reference,
+    _rel,
+    _vjp_fn,
+)
 from test_cuda_kernels import _problem  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cuda_backend():
-    import os
-
-    from jax_mok.kernels import _ffi
-
-    if _ffi.cuda_module() is None:
-        if os.environ.get("JAX_MOK_REQUIRE_CUDA") == "1":
-            pytest.fail("JAX_MOK_REQUIRE_CUDA=1 but jax_mok._mok_cuda is not built")
-        pytest.skip("jax_mok._mok_cuda is not built")
 
 
 def _mx(prepared=None, mx_gemm="bf16"):
