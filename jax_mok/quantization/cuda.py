@@ -22,7 +22,6 @@ its gate/up GEMM; without it the backward recomputes h (the same bits).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -152,25 +151,19 @@ _MX = "mxfp8"
 _MX_KERNEL = KernelTuning()
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class MxBf16Weights:
-    """The expert weights as this path reads them, made once per optimizer step
-    (:func:`mx_bf16_weights`): deq(Q(w)) in bf16 and the weights' logical layouts — ``gate_up``
-    along H, ``down`` along F (the forward), ``gate_up_t`` along 2F, ``down_t`` along H (the
-    data gradients)."""
+def mx_bf16_weights(w_gate_up: jax.Array, w_down: jax.Array, backward: bool = True):
+    """The expert weights as this path reads them, made once per optimizer step: an
+    ``Fp8Weights`` of ``form="bf16"`` holding deq(Q(w)) in bf16 and the weights' logical layouts
+    — ``gate_up`` along H, ``down`` along F (the forward), ``gate_up_t`` along 2F, ``down_t``
+    along H (the data gradients; None without ``backward``). ``jax_mok.fp8_weights`` returns
+    these where the layer runs this path."""
+    from jax_mok.quantization.weights import Fp8Weights  # (weights.py imports this module)
 
-    gate_up: jax.Array
-    down: jax.Array
-    gate_up_t: jax.Array
-    down_t: jax.Array
-
-
-def mx_bf16_weights(w_gate_up: jax.Array, w_down: jax.Array) -> MxBf16Weights:
-    """:class:`MxBf16Weights` of bf16 ``w_gate_up [E, H, 2F]`` and ``w_down [E, F, H]``."""
     w_gate_up, w_down = (jax.lax.stop_gradient(w) for w in (w_gate_up, w_down))
-    return MxBf16Weights(targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1),
-                         targets.mx_qdq(w_gate_up, 2), targets.mx_qdq(w_down, 2))
+    back = ((targets.mx_qdq(w_gate_up, 2), targets.mx_qdq(w_down, 2)) if backward
+            else (None, None))
+    return Fp8Weights(targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1), *back, _MX,
+                      jnp.dtype(w_gate_up.dtype).name, "bf16")
 
 
 def _mx_forward_weights(w_gate_up, w_down, dtype):
@@ -219,8 +212,9 @@ routed_experts_mx_bf16_cuda.defvjp(_mx_fwd, _mx_bwd)
 @jax.custom_vjp
 def routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down,
                                          prepared):
-    """:func:`routed_experts_mx_bf16_cuda` reading ``prepared`` (:class:`MxBf16Weights`) instead
-    of quantizing the weights; ``w_gate_up`` / ``w_down`` only receive the gradients."""
+    """:func:`routed_experts_mx_bf16_cuda` reading ``prepared`` (an ``Fp8Weights`` of
+    ``form="bf16"``) instead of quantizing the weights; ``w_gate_up`` / ``w_down`` only receive
+    the gradients."""
     del w_gate_up, w_down
     y, _ = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
                               prepared.gate_up, prepared.down, False)
@@ -229,6 +223,9 @@ def routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up,
 
 def _mx_prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared):
     del w_gate_up, w_down
+    if not prepared.backward:
+        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
+                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
     y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
                               prepared.gate_up, prepared.down, True)
     return y, (x2d, topk_ids, topk_weights, prepared.gate_up_t, prepared.down_t, h)
@@ -277,31 +274,33 @@ def cuda_limits(hidden: int, ffn: int, experts: int = 1) -> str | None:
 def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, w_gate_up,
                        w_down, recipe: str, *, implementation: str = "ffi",
                        save_activations: bool | None = None, prepared=None,
-                       weight_grads: str = "fp8", mx_gemm: str = "fp8") -> jax.Array:
+                       weight_grads: str = "fp8") -> jax.Array:
     """The FP8 routed experts: the CUDA kernels for ``implementation="cuda"``, or ``"ffi"`` with
     a GPU default backend, where :func:`cuda_limits` allows (a one-time warning says why not,
     and the pure-JAX layer runs); :func:`jax_mok.quantization.layer.routed_experts_fp8` everywhere
     else. ``prepared``: the expert weights' FP8 layouts (``jax_mok.fp8_weights``), read instead
     of quantizing ``w_gate_up`` / ``w_down``. ``weight_grads``: ``"fp8"`` or ``"unquantized"``
-    (``MoEConfig.fp8_weight_gradients``). ``mx_gemm`` (mxfp8 on the kernels): ``"fp8"`` (FP8
-    wgmma with the per-32 promotion) or ``"bf16"`` (:func:`routed_experts_mx_bf16_cuda`), under
-    measurement (docs/perf-notes.md)."""
+    (``MoEConfig.fp8_weight_gradients``). mxfp8 runs through the BF16 GEMMs
+    (:func:`routed_experts_mx_bf16_cuda`) wherever :func:`mx_bf16_limits` allows (bf16 x,
+    unquantized weight gradients), else on the FP8 kernels with the per-32 promotion."""
     check_implementation(implementation)
-    if mx_gemm not in ("fp8", "bf16"):
-        raise ValueError(f"mx_gemm must be 'fp8' or 'bf16', got {mx_gemm!r}")
     layer.check_weight_grads(weight_grads)
     on_gpu = implementation == "cuda" or (
         implementation == "ffi" and jax.default_backend() == "gpu")
     if on_gpu:
         reason = cuda_limits(x2d.shape[-1], w_down.shape[-2], w_down.shape[0])
-        if reason is None and recipe == _MX and mx_gemm == "bf16":
-            why = mx_bf16_limits(x2d.dtype, weight_grads)
-            if why is not None:
-                raise ValueError(f"jax_mok: mx_gemm='bf16': {why}")
+        bf16_path = (reason is None and recipe == _MX
+                     and mx_bf16_limits(x2d.dtype, weight_grads) is None)
+        form = "fp8" if prepared is None else prepared.form
+        if prepared is not None and form != ("bf16" if bf16_path else "fp8"):
+            raise TypeError(
+                f"jax_mok: these fp8_weights hold the {form!r} layouts, but this call runs "
+                + ("mxfp8 through the BF16 GEMMs, which read the bf16 ones: make them with "
+                   "jax_mok.fp8_weights(params, dtype=jnp.bfloat16) on the GPU"
+                   if bf16_path else "the FP8 kernels, which read the FP8 ones: make them with "
+                   "jax_mok.fp8_weights(params, implementation='reference')"))
+        if bf16_path:
             if prepared is not None:
-                if not isinstance(prepared, MxBf16Weights):
-                    raise TypeError("jax_mok: mx_gemm='bf16' reads MxBf16Weights "
-                                    "(mx_bf16_weights), got " + type(prepared).__name__)
                 return routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights,
                                                             w_gate_up, w_down, prepared)
             return routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down)
@@ -321,5 +320,5 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
 
 __all__ = ["MAX_EXPERTS", "cuda_limits", "mx_bf16_limits", "routed_experts_fp8",
            "routed_experts_fp8_cuda", "routed_experts_fp8_prepared_cuda",
-           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda", "MxBf16Weights",
+           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda",
            "mx_bf16_weights"]

@@ -292,6 +292,7 @@ ffi::Error MxQdq(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Result<A
   MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
   const auto* src = static_cast<const bf16*>(x.untyped_data());
   auto* dst = static_cast<bf16*>(y->untyped_data());
+  ProfileStart(stream);
   if (axis == rank - 1)
     return Stage("mx qdq rows", launch_mx_qdq(src, dst, x.element_count(), stream), stream);
   MOK_CHECK(d[2] % 2 == 0, "mok_mx_qdq along A needs an even B, got ", d[2]);
