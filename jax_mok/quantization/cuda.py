@@ -11,6 +11,10 @@ reduction axis last, as FP8 wgmma reads it. The kernels quantize what they produ
 (a = SwiGLU(h) along F in the gate/up epilogue, dh along 2F, and the weight gradients' operands
 along each expert's tokens) with the same rules (ffi/cuda/device/fp8_format.cuh).
 
+mxfp8 with bf16 x and unquantized weight gradients runs through the BF16 GEMMs instead
+(:func:`routed_experts_mx_bf16_cuda`, the block comment above it): its operands are dequantized
+exactly by ``mok_mx_qdq`` and the BF16 kernels read them.
+
 Prepared weights (:func:`jax_mok.fp8_weights`, an ``Fp8Weights`` of QuantizedWeights) replace
 the weight quantization of a call: the call reads their layouts, and its gradients with respect
 to the array weights are those of the plain call (the array weights are the differentiated
