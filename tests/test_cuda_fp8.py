@@ -186,8 +186,10 @@ def test_matches_fp8_reference(T, H, F, E, k, kind, dtype, recipe):
 def test_unquantized_weight_gradients_match_reference(T, H, F, E, k, kind, save, recipe):
     """``weight_grads="unquantized"`` (the routed-K GEMMs in bf16 on x, dy, w·a, dh): the same
     bound as the FP8 weight gradients (the operands w·a and dh come from the FP8 GEMMs, whose
-    reduced-precision accumulation they inherit); y and the data gradients bitwise those of the
-    default backward."""
+    reduced-precision accumulation they inherit). fp8_block: y and the data gradients bitwise
+    those of the FP8 weight gradients' run (the same data-path kernels); mxfp8 runs through the
+    BF16 GEMMs here (bf16 x, unquantized weight gradients) and on the promoted FP8 kernels with
+    FP8 weight gradients: the two within the sum of their bounds."""
     args = _problem(T + E + 1, T, H, F, E, k, jnp.bfloat16, kind)
     ref = _reference(recipe, args, "unquantized")
     _poison(*ref)
@@ -198,8 +200,11 @@ def test_unquantized_weight_gradients_match_reference(T, H, F, E, k, kind, save,
         assert err <= 1.5e-2, f"{name}: rel error {err:.3e} ({recipe} {T=} {H=} {F=} {kind})"
     default = _cuda(recipe, save)(*args)
     for i in (0, 1, 2):  # y, dx, d_topk_weights
-        assert np.array_equal(np.asarray(got[i]).view(np.uint8),
-                              np.asarray(default[i]).view(np.uint8)), NAMES[i]
+        if recipe == "mxfp8":
+            assert _rel(got[i], default[i]) <= 3e-2, NAMES[i]
+        else:
+            assert np.array_equal(np.asarray(got[i]).view(np.uint8),
+                                  np.asarray(default[i]).view(np.uint8)), NAMES[i]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -74,8 +74,12 @@ def test_layouts_are_the_quantizers_bits():
     for name, (array, axis) in want.items():
         got = getattr(w, name)
         ref = jax_mok.QuantizedWeight.quantize(array, "mxfp8", axis)
-        assert got.reduction_axis == axis
-        for a, b in ((got.values, ref.values), (got.scales, ref.scales)):
+        if w.form == "bf16":  # on a GPU: the layouts of mxfp8 through the BF16 GEMMs
+            pairs = ((got, ref.dequantize().astype(jnp.bfloat16)),)
+        else:
+            assert got.reduction_axis == axis
+            pairs = ((got.values, ref.values), (got.scales, ref.scales))
+        for a, b in pairs:
             np.testing.assert_array_equal(np.asarray(a).view(np.uint8),
                                           np.asarray(b).view(np.uint8), err_msg=name)
     fwd_only = jax_mok.fp8_weights(params, backward=False)
@@ -87,7 +91,8 @@ def _weight_sized_fp8(jaxpr, sizes) -> int:
     """Quantizations of a weight-sized tensor at any depth: conversions or bit casts to float8
     (jax_mok.quantization's E4M3 rounding ends in a bit cast from uint8; the dequantizers only
     reshape FP8 arrays) and calls of the CUDA weight quantizer (``mok_quantize_weight*``) whose
-    output has one of ``sizes`` elements."""
+    output has one of ``sizes`` elements, and the CUDA quantize-dequantize pass of mxfp8 through
+    the BF16 GEMMs (``mok_mx_qdq``, bf16 output) of that size."""
     count = 0
     for eqn in jaxpr.eqns:
         for value in eqn.params.values():  # nested jaxprs: pjit, custom_vjp, scan, ...
@@ -96,14 +101,15 @@ def _weight_sized_fp8(jaxpr, sizes) -> int:
                 inner = getattr(v, "jaxpr", v)
                 if hasattr(inner, "eqns"):
                     count += _weight_sized_fp8(inner, sizes)
+        target = str(eqn.params.get("target_name", "")) if eqn.primitive.name == "ffi_call" else ""
         quantizer = eqn.primitive.name in ("convert_element_type", "bitcast_convert_type") or (
-            eqn.primitive.name == "ffi_call"
-            and str(eqn.params.get("target_name", "")).startswith("mok_quantize_weight"))
-        if not quantizer:
+            target.startswith("mok_quantize_weight"))
+        if not (quantizer or target == "mok_mx_qdq"):
             continue
         for v in eqn.outvars:
             aval = v.aval
-            if aval.dtype == jnp.float8_e4m3fn and int(np.prod(aval.shape)) in sizes:
+            fp8 = aval.dtype == jnp.float8_e4m3fn or target == "mok_mx_qdq"
+            if fp8 and int(np.prod(aval.shape)) in sizes:
                 count += 1
     return count
 

@@ -39,9 +39,12 @@ KERNEL_TARGETS = ("mok_moe_fwd", "mok_moe_fwd_train", "mok_moe_bwd", "mok_moe_bw
 STAGED_PEER_TARGETS = ("mok_ep_dispatch", "mok_ep_combine")
 FUSED_PEER_TARGETS = ("mok_ep_moe_fwd", "mok_ep_moe_fwd_train", "mok_ep_moe_bwd",
                       "mok_ep_moe_fwd_train_recompute", "mok_ep_moe_bwd_recompute")
+# mxfp8 through the BF16 GEMMs ("CUDA" only; jax_mok.quantization.cuda): the local kernels on
+# exactly dequantized mxfp8 operands, a quantized in the gate/up epilogue, dh before dh·Wguᵀ.
+MX_TARGETS = ("mok_moe_fwd_mx", "mok_moe_fwd_train_mx", "mok_moe_bwd_saved_mx")
 # Their attribute pregather_x is the backward's choice (x and dy copied into expert order).
 BACKWARD_TARGETS = ("mok_moe_bwd", "mok_moe_bwd_saved", "mok_ep_moe_bwd",
-                    "mok_ep_moe_bwd_recompute")
+                    "mok_ep_moe_bwd_recompute", "mok_moe_bwd_saved_mx")
 
 
 def attributes(target: str, *, kernel: KernelTuning | None = None,
@@ -57,7 +60,8 @@ def attributes(target: str, *, kernel: KernelTuning | None = None,
     ``ctas_per_sm`` (int32). ``workspace_id`` and ``phase`` are operands of the call, not
     tuning: the callers add them.
     """
-    kernel_side = target in KERNEL_TARGETS or target in FUSED_PEER_TARGETS
+    kernel_side = (target in KERNEL_TARGETS or target in FUSED_PEER_TARGETS
+                   or target in MX_TARGETS)
     peer_side = target in STAGED_PEER_TARGETS or target in FUSED_PEER_TARGETS
     if not (kernel_side or peer_side):
         raise ValueError(f"attributes: {target!r} takes no tuning attributes")
@@ -185,6 +189,42 @@ def moe_backward_saved(kernel: KernelTuning, dy, x2d, topk_ids, topk_weights, w_
     attrs = _local_attributes("mok_moe_bwd_saved", kernel, x2d, topk_ids, w_gate_up)
     return _call("mok_moe_bwd_saved", outs, dy, x2d, topk_ids, topk_weights, w_gate_up, w_down,
                  h, attrs=attrs)
+
+
+def mx_qdq(x, axis: int):
+    """``mok_mx_qdq`` (CUDA, bf16): deq(Q(x)) of mxfp8 in x's shape and dtype, quantized along
+    ``axis`` — the last of ``x [R, C]``, or 1 / 2 of expert weights ``[E, A, B]`` — by one kernel
+    pass (2 bytes read and written per element)."""
+    return _call("mok_mx_qdq", _like(x), x, attrs={"axis": np.int32(axis)},
+                 vmap_method="sequential")
+
+
+def mx_forward(kernel: KernelTuning, x_mx, topk_ids, topk_weights, w_gate_up_mx, w_down_mx,
+               save: bool):
+    """``mok_moe_fwd_mx`` (``save``: ``mok_moe_fwd_train_mx``), CUDA, bf16: the local forward
+    on mxfp8 operands exactly dequantized (``x_mx``, ``w_*_mx`` in their logical layouts, the
+    forward's quantization axes), ``a`` quantized-dequantized along F in the gate/up epilogue.
+    Returns ``(y [T, H], h [T*k, 2F] or None)``."""
+    target = "mok_moe_fwd_train_mx" if save else "mok_moe_fwd_mx"
+    attrs = _local_attributes(target, kernel, x_mx, topk_ids, w_gate_up_mx)
+    operands = (x_mx, topk_ids, topk_weights, w_gate_up_mx, w_down_mx)
+    if save:
+        tk = topk_ids.shape[0] * topk_ids.shape[1]
+        h = jax.ShapeDtypeStruct((tk, w_gate_up_mx.shape[-1]), x_mx.dtype)
+        return _call(target, (_like(x_mx), h), *operands, attrs=attrs)
+    return _call(target, _like(x_mx), *operands, attrs=attrs), None
+
+
+def mx_backward_saved(kernel: KernelTuning, dy_mx, dy, x2d, topk_ids, topk_weights,
+                      w_gate_up_mx, w_down_mx, h):
+    """``mok_moe_bwd_saved_mx`` (CUDA, bf16): :func:`moe_backward_saved` with ``dy_mx`` =
+    deq(Q(dy)) as dy·Wdᵀ's operand and deq(Q(dh)) as dh·Wguᵀ's (dy and dh stay the weight
+    gradients' operands); ``w_*_mx`` are the backward's layouts (w_gate_up along 2F, w_down along
+    H), dequantized, logical shapes."""
+    outs = _backward_outs(x2d, topk_weights, w_gate_up_mx, w_down_mx)
+    attrs = _local_attributes("mok_moe_bwd_saved_mx", kernel, x2d, topk_ids, w_gate_up_mx)
+    return _call("mok_moe_bwd_saved_mx", outs, dy_mx, dy, x2d, topk_ids, topk_weights,
+                 w_gate_up_mx, w_down_mx, h, attrs=attrs)
 
 
 # ------------------------------------------------------------------ expert parallelism
@@ -407,6 +447,7 @@ __all__ = [
     "FUSED_PEER_TARGETS",
     "BACKWARD_TARGETS",
     "KERNEL_TARGETS",
+    "MX_TARGETS",
     "STAGED_PEER_TARGETS",
     "attributes",
     "ep_combine",
@@ -421,6 +462,9 @@ __all__ = [
     "moe_backward_saved",
     "moe_forward",
     "moe_forward_train",
+    "mx_backward_saved",
+    "mx_forward",
+    "mx_qdq",
     "no_vmap_of_gradients",
     "quantize_rows",
     "quantize_weight",

@@ -11,6 +11,10 @@ reduction axis last, as FP8 wgmma reads it. The kernels quantize what they produ
 (a = SwiGLU(h) along F in the gate/up epilogue, dh along 2F, and the weight gradients' operands
 along each expert's tokens) with the same rules (ffi/cuda/device/fp8_format.cuh).
 
+mxfp8 with bf16 x and unquantized weight gradients runs through the BF16 GEMMs instead
+(:func:`routed_experts_mx_bf16_cuda`, the block comment above it): its operands are dequantized
+exactly by ``mok_mx_qdq`` and the BF16 kernels read them.
+
 Prepared weights (:func:`jax_mok.fp8_weights`, an ``Fp8Weights`` of QuantizedWeights) replace
 the weight quantization of a call: the call reads their layouts, and its gradients with respect
 to the array weights are those of the plain call (the array weights are the differentiated
@@ -25,11 +29,13 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from jax_mok.kernels import _ffi, targets
 from jax_mok.kernels.autodiff import check_implementation, resolve_save_activations
 from jax_mok.quantization import layer
 from jax_mok.quantization.blocks import QuantizedWeight
+from jax_mok.tuning import KernelTuning
 from jax_mok.warn import warn_once
 
 
@@ -134,6 +140,123 @@ def _prepared_bwd(recipe, save, weight_grads, residuals, dy):
 routed_experts_fp8_prepared_cuda.defvjp(_prepared_fwd, _prepared_bwd)
 
 
+# --- mxfp8 through the BF16 GEMMs ----------------------------------------------------------
+# Hopper's FP8 wgmma has no block scales: mxfp8's GEMMs promote every 32 products to float32 on
+# the CUDA cores, which costs more issue slots than the tensor time it saves (docs/fp8.md). Here
+# the BF16 kernels run on the mxfp8 operands dequantized exactly instead: an E4M3 value times 2^e
+# has at most 4 significant bits, a bf16 value whenever e >= -124 (below that the bf16 rounding of
+# values under 2^-133 is the only difference from the float32 oracle). x, dy and the weights pass
+# through ``mok_mx_qdq`` (deq(Q(.)) in one pass, in place of their layouts); a = SwiGLU(h) is
+# quantized from its float32 value in the gate/up epilogue (kSwiGLUMx) and dh by a pass before
+# dh·Wguᵀ, as the layer's semantics say. The weight gradients are the BF16 backward's:
+# weight_grads="unquantized" only. The forward always keeps h (the BF16 backward on these
+# operands has no recompute of it).
+_MX = "mxfp8"
+_MX_KERNEL = KernelTuning()
+
+
+def mx_bf16_weights(w_gate_up: jax.Array, w_down: jax.Array, backward: bool = True):
+    """The expert weights as this path reads them, made once per optimizer step: an
+    ``Fp8Weights`` of ``form="bf16"`` holding deq(Q(w)) in bf16 and the weights' logical layouts
+    — ``gate_up`` along H, ``down`` along F (the forward), ``gate_up_t`` along 2F, ``down_t``
+    along H (the data gradients; None without ``backward``). ``jax_mok.fp8_weights`` returns
+    these where the layer runs this path."""
+    from jax_mok.quantization.weights import Fp8Weights  # (weights.py imports this module)
+
+    w_gate_up, w_down = (jax.lax.stop_gradient(w) for w in (w_gate_up, w_down))
+    back = ((targets.mx_qdq(w_gate_up, 2), targets.mx_qdq(w_down, 2)) if backward
+            else (None, None))
+    return Fp8Weights(targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1), *back, _MX,
+                      jnp.dtype(w_gate_up.dtype).name, "bf16")
+
+
+def _mx_forward_weights(w_gate_up, w_down, dtype):
+    """The forward's operands: deq(Q(.)) along H / F; quantize_params' QuantizedWeights (those
+    layouts) dequantized."""
+    return tuple(w.dequantize(dtype) if isinstance(w, QuantizedWeight) else targets.mx_qdq(w, 1)
+                 for w in (w_gate_up, w_down))
+
+
+@jax.custom_vjp
+def routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+    """The mxfp8 layer on the BF16 kernels (block comment above): ``y [T, H]`` bf16 from bf16
+    ``x2d`` and array weights, the values of :func:`jax_mok.quantization.layer.routed_experts_fp8`
+    with ``recipe="mxfp8"``, ``weight_grads="unquantized"`` up to float32 summation order."""
+    wgu, wd = _mx_forward_weights(w_gate_up, w_down, x2d.dtype)
+    y, _ = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights, wgu, wd,
+                              False)
+    return y
+
+
+def _mx_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down):
+    _check_trainable(w_gate_up, w_down)
+    wgu, wd = _mx_forward_weights(w_gate_up, w_down, x2d.dtype)
+    y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights, wgu, wd,
+                              True)
+    # The backward's layouts are made there from the weights (alive anyway): no residual copy.
+    return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
+
+
+def _mx_backward(x2d, topk_ids, topk_weights, wgu_t, wd_t, h, dy):
+    dy = dy.astype(x2d.dtype)
+    return targets.mx_backward_saved(_MX_KERNEL, targets.mx_qdq(dy, 1), dy, x2d, topk_ids,
+                                     topk_weights, wgu_t, wd_t, h)
+
+
+def _mx_bwd(residuals, dy):
+    x2d, topk_ids, topk_weights, w_gate_up, w_down, h = residuals
+    dx, d_w, d_gu, d_dn = _mx_backward(x2d, topk_ids, topk_weights, targets.mx_qdq(w_gate_up, 2),
+                                       targets.mx_qdq(w_down, 2), h, dy)
+    return dx, None, d_w, d_gu, d_dn
+
+
+routed_experts_mx_bf16_cuda.defvjp(_mx_fwd, _mx_bwd)
+
+
+@jax.custom_vjp
+def routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down,
+                                         prepared):
+    """:func:`routed_experts_mx_bf16_cuda` reading ``prepared`` (an ``Fp8Weights`` of
+    ``form="bf16"``) instead of quantizing the weights; ``w_gate_up`` / ``w_down`` only receive
+    the gradients."""
+    del w_gate_up, w_down
+    y, _ = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
+                              prepared.gate_up, prepared.down, False)
+    return y
+
+
+def _mx_prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared):
+    del w_gate_up, w_down
+    if not prepared.backward:
+        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
+                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
+    y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
+                              prepared.gate_up, prepared.down, True)
+    return y, (x2d, topk_ids, topk_weights, prepared.gate_up_t, prepared.down_t, h)
+
+
+def _mx_prepared_bwd(residuals, dy):
+    dx, d_w, d_gu, d_dn = _mx_backward(*residuals, dy)
+    return dx, None, d_w, d_gu, d_dn, None
+
+
+routed_experts_mx_bf16_prepared_cuda.defvjp(_mx_prepared_fwd, _mx_prepared_bwd)
+
+
+def mx_bf16_limits(x_dtype, weight_grads: str) -> str | None:
+    """None when :func:`routed_experts_mx_bf16_cuda` runs a call (beyond :func:`cuda_limits`),
+    else why not."""
+    if jnp.dtype(x_dtype) != jnp.bfloat16:
+        return f"mxfp8 through the BF16 GEMMs needs bfloat16 x, got {jnp.dtype(x_dtype)}"
+    if weight_grads != "unquantized":
+        return ("mxfp8 through the BF16 GEMMs computes the weight gradients in bf16 "
+                "(fp8_weight_gradients='unquantized'), not " + repr(weight_grads))
+    module = _ffi.cuda_module()
+    if module is not None and not module.device_info().get("wgmma_path", False):
+        return "mxfp8 through the BF16 GEMMs needs the wgmma kernels (a build with CUTLASS)"
+    return None
+
+
 # Experts per call of the FP8 kernels (ffi/cuda/phases/fp8.h: kFp8MaxExperts).
 MAX_EXPERTS = 1024
 
@@ -161,13 +284,30 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
     and the pure-JAX layer runs); :func:`jax_mok.quantization.layer.routed_experts_fp8` everywhere
     else. ``prepared``: the expert weights' FP8 layouts (``jax_mok.fp8_weights``), read instead
     of quantizing ``w_gate_up`` / ``w_down``. ``weight_grads``: ``"fp8"`` or ``"unquantized"``
-    (``MoEConfig.fp8_weight_gradients``)."""
+    (``MoEConfig.fp8_weight_gradients``). mxfp8 runs through the BF16 GEMMs
+    (:func:`routed_experts_mx_bf16_cuda`) wherever :func:`mx_bf16_limits` allows (bf16 x,
+    unquantized weight gradients), else on the FP8 kernels with the per-32 promotion."""
     check_implementation(implementation)
     layer.check_weight_grads(weight_grads)
     on_gpu = implementation == "cuda" or (
         implementation == "ffi" and jax.default_backend() == "gpu")
     if on_gpu:
         reason = cuda_limits(x2d.shape[-1], w_down.shape[-2], w_down.shape[0])
+        bf16_path = (reason is None and recipe == _MX
+                     and mx_bf16_limits(x2d.dtype, weight_grads) is None)
+        form = "fp8" if prepared is None else prepared.form
+        if prepared is not None and form != ("bf16" if bf16_path else "fp8"):
+            raise TypeError(
+                f"jax_mok: these fp8_weights hold the {form!r} layouts, but this call runs "
+                + ("mxfp8 through the BF16 GEMMs, which read the bf16 ones: make them with "
+                   "jax_mok.fp8_weights(params, dtype=jnp.bfloat16) on the GPU"
+                   if bf16_path else "the FP8 kernels, which read the FP8 ones: make them with "
+                   "jax_mok.fp8_weights(params, implementation='reference')"))
+        if bf16_path:
+            if prepared is not None:
+                return routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights,
+                                                            w_gate_up, w_down, prepared)
+            return routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down)
         if reason is None:
             save = resolve_save_activations(implementation, save_activations)
             if prepared is not None:
@@ -182,5 +322,7 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
                                     prepared=prepared, weight_grads=weight_grads)
 
 
-__all__ = ["MAX_EXPERTS", "cuda_limits", "routed_experts_fp8", "routed_experts_fp8_cuda",
-           "routed_experts_fp8_prepared_cuda"]
+__all__ = ["MAX_EXPERTS", "cuda_limits", "mx_bf16_limits", "routed_experts_fp8",
+           "routed_experts_fp8_cuda", "routed_experts_fp8_prepared_cuda",
+           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda",
+           "mx_bf16_weights"]

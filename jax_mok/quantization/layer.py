@@ -87,6 +87,12 @@ def weight_operand(w, recipe: str, reduction_axis: int) -> jax.Array:
     return QuantizedWeight.quantize(w, recipe, reduction_axis).dequantize()
 
 
+def prepared_operand(w, recipe: str, reduction_axis: int, form: str) -> jax.Array:
+    """A prepared layout's operand: ``form="bf16"`` layouts hold deq(Q(w)) already (float32 of
+    them), ``"fp8"`` ones are :class:`QuantizedWeight` (:func:`weight_operand`)."""
+    return fmt.to_float32(w) if form == "bf16" else weight_operand(w, recipe, reduction_axis)
+
+
 @dataclasses.dataclass(frozen=True)
 class Dispatch:
     """Expert-sorted rows. ``order [N]``: assignment (token-major ``t * k + j``) of each sorted
@@ -194,10 +200,12 @@ def backward_phases(dy, x2d, topk_ids, topk_weights, w_gate_up, w_down, recipe: 
     # The weights' operands: quantized here, or the layouts ``prepared`` (an Fp8Weights) holds.
     gu_h, dn_h, gu_2f = ((w_gate_up, w_down, w_gate_up) if prepared is None else
                          (prepared.gate_up, prepared.down_t, prepared.gate_up_t))
-    w_gate_up_h = weight_operand(gu_h, recipe, 1)
-    w_down_h = weight_operand(dn_h, recipe, 2)
+    operand = functools.partial(prepared_operand, recipe=recipe,
+                                form="fp8" if prepared is None else prepared.form)
+    w_gate_up_h = operand(gu_h, reduction_axis=1)
+    w_down_h = operand(dn_h, reduction_axis=2)
     # fp8_block quantizes both orientations with the same 128 x 128 tiles.
-    w_gate_up_2f = w_gate_up_h if recipe == "fp8_block" else weight_operand(gu_2f, recipe, 2)
+    w_gate_up_2f = w_gate_up_h if recipe == "fp8_block" else operand(gu_2f, reduction_axis=2)
     x_rows = activation_operand(x2d, recipe)[d.token]
     h = grouped_matmul(x_rows, w_gate_up_h, d.group_sizes)
     h = fmt.to_float32(h.astype(dtype))  # the forward's h as the kernels keep it
@@ -318,8 +326,8 @@ def _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, 
                       weight_grads="fp8"):
     del w_gate_up, w_down, weight_grads
     return _forward_call(recipe)(x2d, topk_ids, topk_weights,
-                                 weight_operand(prepared.gate_up, recipe, 1),
-                                 weight_operand(prepared.down, recipe, 1))
+                                 prepared_operand(prepared.gate_up, recipe, 1, prepared.form),
+                                 prepared_operand(prepared.down, recipe, 1, prepared.form))
 
 
 def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe,

@@ -40,25 +40,31 @@ from jax_mok.quantization.format import check_recipe
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Fp8Weights:
-    """The FP8 layouts of one layer's expert weights (each a :class:`QuantizedWeight`, reduction
-    axis last in its stored ``values``):
+    """The quantized layouts of one layer's expert weights, in one of two forms (``form``):
+
+    ``"fp8"``: each a :class:`QuantizedWeight`, reduction axis last in its stored ``values``:
 
     - ``gate_up``: ``w_gate_up [E, H, 2F]`` along H, stored ``[E, 2F, H]`` (the gate/up GEMM);
     - ``down``: ``w_down [E, F, H]`` along F, stored ``[E, H, F]`` (the down GEMM);
     - ``gate_up_t``: ``w_gate_up`` along 2F, stored ``[E, H, 2F]`` (dx = dh Wguᵀ), or None;
     - ``down_t``: ``w_down`` along H, stored ``[E, F, H]`` (g = dy Wdᵀ), or None.
 
-    ``recipe`` and ``dtype`` (the dtype the weights had when quantized: the layer quantizes them
-    in x's dtype, so a call checks that they match) are static metadata. Without the two
-    backward layouts (``fp8_weights(..., backward=False)``) the layer runs forward only.
+    ``"bf16"`` (mxfp8 through the BF16 GEMMs, :mod:`jax_mok.quantization.cuda`): the same four
+    quantizations dequantized exactly, bf16 arrays in the weights' logical layouts
+    (``[E, H, 2F]``, ``[E, F, H]``).
+
+    ``recipe``, ``dtype`` (the dtype the weights had when quantized: the layer quantizes them
+    in x's dtype, so a call checks that they match) and ``form`` are static metadata. Without the
+    two backward layouts (``fp8_weights(..., backward=False)``) the layer runs forward only.
     """
 
-    gate_up: QuantizedWeight
-    down: QuantizedWeight
-    gate_up_t: QuantizedWeight | None
-    down_t: QuantizedWeight | None
+    gate_up: QuantizedWeight | jax.Array
+    down: QuantizedWeight | jax.Array
+    gate_up_t: QuantizedWeight | jax.Array | None
+    down_t: QuantizedWeight | jax.Array | None
     recipe: str = dataclasses.field(metadata=dict(static=True))
     dtype: str = dataclasses.field(metadata=dict(static=True))
+    form: str = dataclasses.field(default="fp8", metadata=dict(static=True))
 
     @property
     def backward(self) -> bool:
@@ -104,7 +110,9 @@ def fp8_weights(params, *, dtype=None, backward: bool = True,
                 implementation: str | None = None) -> Fp8Weights:
     """Every FP8 layout of ``params``' expert weights that the layer reads, for
     ``params.config.quantization``, made once and passed to ``jax_mok.moe(x, params,
-    fp8_weights=...)`` (or the Flax modules' ``fp8_weights`` argument) as often as wanted.
+    fp8_weights=...)`` (or the Flax modules' ``fp8_weights`` argument) as often as wanted. Where
+    the CUDA layer runs mxfp8 through the BF16 GEMMs (bf16, unquantized weight gradients) these
+    are the bf16 dequantized layouts it reads (``form="bf16"``: twice the bytes of the FP8 ones).
 
     Args:
       params: :class:`jax_mok.MoEParams` with ``config.quantization`` set and array expert
@@ -139,6 +147,10 @@ def fp8_weights(params, *, dtype=None, backward: bool = True,
                                  config.num_experts, "fp8_weights")
     w_gu = jax.lax.stop_gradient(params.w_gate_up).astype(dtype)
     w_dn = jax.lax.stop_gradient(params.w_down).astype(dtype)
+    if use_cuda and recipe == "mxfp8" and cuda.mx_bf16_limits(
+            dtype, config.weight_gradient_mode()) is None:
+        # The layer will run mxfp8 through the BF16 GEMMs: the layouts those read.
+        return cuda.mx_bf16_weights(w_gu, w_dn, backward)
     gate_up, gate_up_t = quantize_expert_weight(w_gu, recipe, backward, use_cuda)
     down, down_t = quantize_expert_weight(w_dn, recipe, backward, use_cuda)
     return Fp8Weights(gate_up, down, gate_up_t, down_t, recipe, dtype.name)

@@ -108,12 +108,19 @@ __device__ __forceinline__ void prefetch_h_to_l2(const GemmParams& p, const Work
 }
 
 // kSwiGLU / kSwiGLUSave / kStoreGLU of a gate/up tile (BN/2 gate columns, then their up columns):
-// a -> buffer 0, h's gate -> 1, up -> 2, one pass per 64 F columns.
+// a -> buffer 0, h's gate -> 1, up -> 2, one pass per 64 F columns. kSwiGLUMx / kSwiGLUSaveMx
+// store a as deq(Q(a)) (mxfp8 along F): a row's 32 columns of a block lie in one quad (4 lanes,
+// 8 values each), and a pass's 32 values of a thread are 2 blocks x 2 rows (value i of the tile:
+// block i >> 4, row (i >> 1) & 1), so each block's amax is 8 values and two quad shuffles away.
 template <Epi kEpi, int BN, class Acc>
 __device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                            int wg, int t, const EpiBuffers& eb) {
-  static_assert(kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave || kEpi == Epi::kStoreGLU);
-  constexpr bool kAct = kEpi != Epi::kStoreGLU, kH = kEpi != Epi::kSwiGLU;
+  static_assert(kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave || kEpi == Epi::kStoreGLU ||
+                IsMxGlu(kEpi));
+  constexpr bool kAct = kEpi != Epi::kStoreGLU, kMx = IsMxGlu(kEpi);
+  constexpr bool kH =
+      kEpi == Epi::kSwiGLUSave || kEpi == Epi::kSwiGLUSaveMx || kEpi == Epi::kStoreGLU;
+  static_assert(!kMx || BN == 256, "mx blocks: 128 F columns a tile, 64 a pass");
   constexpr int kUp = BN / 4;  // gate value i pairs with up value i + kUp
   const int F = p.N, row_base = 64 * wg;
   bf16* act = static_cast<bf16*>(p.out);
@@ -122,11 +129,32 @@ __device__ __forceinline__ void glu_staged(const GemmParams& p, const WorkTile& 
 #pragma unroll
   for (int pass = 0; pass < BN / 128; ++pass) {
     const int f0 = w.n_tile * (BN / 2) + 64 * pass;
+    if constexpr (kMx) {
+      float a[32];  // value l is the tile's value 32 pass + l
+#pragma unroll
+      for (int l = 0; l < 32; ++l) a[l] = silu_mul(acc(32 * pass + l), acc(32 * pass + l + kUp));
+      float m[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // [row][block of the pass]
+#pragma unroll
+      for (int l = 0; l < 32; ++l)
+        m[(l >> 1) & 1][l >> 4] = fp8::amax_combine(m[(l >> 1) & 1][l >> 4], a[l]);
+      fp8::BlockScale bs[2][2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+          bs[r][b] = fp8::block_scale<fp8::Recipe::kMx>(fp8::quad_amax(m[r][b]));
+#pragma unroll
+      for (int l = 0; l < 32; l += 2) {
+        const float2 q = fp8::mx_qdq_pair(make_float2(a[l], a[l + 1]), bs[(l >> 1) & 1][l >> 4]);
+        st_shared_pair(eb.buf[0] + fo.at((l >> 1) & 1, ((32 * pass + l) >> 2) & 7), q.x, q.y);
+      }
+    }
 #pragma unroll
     for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
       const uint32_t off = fo.at((i >> 1) & 1, (i >> 2) & 7);
       const float g0 = acc(i), g1 = acc(i + 1), u0 = acc(i + kUp), u1 = acc(i + kUp + 1);
-      if constexpr (kAct) st_shared_pair(eb.buf[0] + off, silu_mul(g0, u0), silu_mul(g1, u1));
+      if constexpr (kAct && !kMx)
+        st_shared_pair(eb.buf[0] + off, silu_mul(g0, u0), silu_mul(g1, u1));
       if constexpr (kH) {
         st_shared_pair(eb.buf[1] + off, g0, g1);
         st_shared_pair(eb.buf[2] + off, u0, u1);
@@ -334,11 +362,6 @@ __device__ __forceinline__ void release_held_stage(uint64_t* empty, int wg, int 
 }  // namespace mok::cuda
 
 namespace mok::cuda::fp8 {
-
-__device__ __forceinline__ float quad_amax(float m) {  // m >= 0 or NaN in every lane
-  m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  return max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
-}
 
 // The FP8 gate/up GEMM's kGluQuant: a = silu(gate) * up of a warpgroup's 64 rows x 128 F columns
 // (gate value i pairs with up value i + 64), quantized along F: a row's 128 values lie in one quad

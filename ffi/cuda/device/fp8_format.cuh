@@ -11,6 +11,7 @@
 // kernels do not flush (nvcc's default), so plain float32 arithmetic gives the specified bits.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -39,6 +40,12 @@ __device__ __forceinline__ float max_keep_nan(float a, float b) {
 // A running amax: max(m, |v|).
 __device__ __forceinline__ float amax_combine(float m, float v) {
   return max_keep_nan(m, fabsf(v));
+}
+
+// The max over the 4 lanes of a quad (the lanes holding one row of a wgmma accumulator tile).
+__device__ __forceinline__ float quad_amax(float m) {  // m >= 0 or NaN in every lane
+  m = max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  return max_keep_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
 }
 
 __device__ __forceinline__ float e8m0_to_float(uint32_t byte) {
@@ -149,6 +156,19 @@ __device__ __forceinline__ void quantize_pairs(Pair&& pair, Scale&& scale, Store
 #pragma unroll
     for (int j = 0; j < N; ++j) store(j, quantize_pair<R>(pair(j), scale(j)));
   }
+}
+
+// deq(Q(v)) of an mxfp8 pair: its E4M3 bytes (quantize_pair) times the block's 2^e, in float32.
+// Exact: an E4M3 value has at most 4 significant bits and is at least 2^-9 in magnitude, so with
+// 2^e >= 2^-127 the product is at least 2^-136 and needs no bit below float32's 2^-149. (A bf16
+// store of it is exact too while the product is >= 2^-133, bf16's least subnormal: every block
+// with e >= -124.) A non-finite block gives NaN, as its E4M3 NaN bytes dequantize.
+__device__ __forceinline__ float2 mx_qdq_pair(float2 v, const BlockScale& s) {
+  const uint16_t q = quantize_pair<Recipe::kMx>(v, s);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));  // every E4M3 value is a float16 value
+  const float scale = e8m0_to_float(s.stored);
+  return make_float2(f.x * scale, f.y * scale);
 }
 
 // The float32 factor of one stored scale (for the GEMMs' promotion).

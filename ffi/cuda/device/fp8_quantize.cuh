@@ -149,6 +149,95 @@ cudaError_t launch_quantize_rows(const T* src, int rows, const int* rows_limit, 
   return cudaGetLastError();
 }
 
+// deq(Q(src)) of mxfp8 in bf16 (mx_qdq_pair): src and dst hold `blocks` blocks of 32
+// consecutive elements (the rows of a [rows][C] matrix with C % 32 == 0, in row order), one
+// block per thread. mxfp8 through the BF16 GEMMs: the backward's dh as dh·Wgu^T reads it (dh
+// itself stays the dWgu operand). src is read once: evict-first. (A template: one definition
+// across the translation units that include this header.)
+template <class T>
+__global__ void __launch_bounds__(256)
+    mx_qdq_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t blocks) {
+  static_assert(std::is_same_v<T, bf16>, "bf16 rows");
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (b >= blocks) return;
+  uint4 raw[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) raw[j] = __ldcs(reinterpret_cast<const uint4*>(src) + 4 * b + j);
+  float f[32];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) float8_of<bf16>(&raw[j], f + 8 * j);
+  float m = 0.f;
+#pragma unroll
+  for (int l = 0; l < 32; ++l) m = amax_combine(m, f[l]);
+  const BlockScale bs = block_scale<Recipe::kMx>(m);
+  uint32_t out[16];
+#pragma unroll
+  for (int l = 0; l < 16; ++l) {
+    const float2 q = mx_qdq_pair(make_float2(f[2 * l], f[2 * l + 1]), bs);
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(q.x, q.y);
+    out[l] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    reinterpret_cast<uint4*>(dst)[4 * b + j] =
+        make_uint4(out[4 * j], out[4 * j + 1], out[4 * j + 2], out[4 * j + 3]);
+}
+
+// deq(Q(src)) of mxfp8 along A of [E][A][B] (A % 32 == 0, B even), in bf16: one thread per
+// (expert, block of 32 rows, pair of columns), so that a warp's loads of one row are 128
+// contiguous bytes; the 32 rows of a block are 32 loads of one 32-bit word, B / 2 words apart.
+template <class T>
+__global__ void __launch_bounds__(256)
+    mx_qdq_cols_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t experts,
+                       int64_t a_dim, int64_t b_dim) {
+  static_assert(std::is_same_v<T, bf16>, "bf16 weights");
+  const int64_t pairs = b_dim / 2, blocks = a_dim / 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (i >= experts * blocks * pairs) return;
+  const int64_t c = i % pairs, block = i / pairs;  // block = expert * blocks + block of A
+  const int64_t first = (block / blocks * a_dim + block % blocks * 32) * pairs + c;  // in words
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src) + first;
+  float lo[32], hi[32];  // the pair's two columns
+  float m_lo = 0.f, m_hi = 0.f;
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
+    const uint32_t w = __ldcs(s + r * pairs);
+    lo[r] = __uint_as_float(w << 16);
+    hi[r] = __uint_as_float(w & 0xFFFF0000u);
+    m_lo = amax_combine(m_lo, lo[r]);
+    m_hi = amax_combine(m_hi, hi[r]);
+  }
+  const BlockScale s_lo = block_scale<Recipe::kMx>(m_lo), s_hi = block_scale<Recipe::kMx>(m_hi);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst) + first;
+#pragma unroll
+  for (int r = 0; r < 32; r += 2) {
+    const float2 q_lo = mx_qdq_pair(make_float2(lo[r], lo[r + 1]), s_lo);
+    const float2 q_hi = mx_qdq_pair(make_float2(hi[r], hi[r + 1]), s_hi);
+    const __nv_bfloat162 row0 = __floats2bfloat162_rn(q_lo.x, q_hi.x);
+    const __nv_bfloat162 row1 = __floats2bfloat162_rn(q_lo.y, q_hi.y);
+    d[r * pairs] = *reinterpret_cast<const uint32_t*>(&row0);
+    d[(r + 1) * pairs] = *reinterpret_cast<const uint32_t*>(&row1);
+  }
+}
+
+inline cudaError_t launch_mx_qdq_cols(const bf16* src, bf16* dst, int64_t experts, int64_t a_dim,
+                                      int64_t b_dim, cudaStream_t stream) {
+  const int64_t threads = experts * (a_dim / 32) * (b_dim / 2);
+  if (threads == 0) return cudaSuccess;
+  mx_qdq_cols_kernel<bf16><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+      src, dst, experts, a_dim, b_dim);
+  return cudaGetLastError();
+}
+
+// n elements (a multiple of 32; both pointers 16-byte aligned).
+inline cudaError_t launch_mx_qdq(const bf16* src, bf16* dst, int64_t n, cudaStream_t stream) {
+  const int64_t blocks = n / 32;
+  if (blocks == 0) return cudaSuccess;
+  mx_qdq_kernel<bf16>
+      <<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, stream>>>(src, dst, blocks);
+  return cudaGetLastError();
+}
+
 constexpr int kSegRows = 128, kSegCols = 64;
 // Column tiles in flight per CTA: 16 KB each for bf16 (32 KB for float32), ~64 KB of ring.
 template <class T>

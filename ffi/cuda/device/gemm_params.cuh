@@ -26,7 +26,15 @@ enum class Epi {
   kSwiGLUBwd,   // from g = dy @ Wd^T and h: dh, w*a, partial d_w         (x.dtype, f32)
   kStoreRows,   // out[p, n] = acc                                        (x.dtype)
   kStoreCast,   // dW_e[m, n] = acc                                       (weight dtype)
+  // mxfp8 through the BF16 GEMMs: kSwiGLU / kSwiGLUSave with a stored as deq(Q(a)), a quantized
+  // along F in blocks of 32 from its float32 value (jax_mok.quantization.layer's Q(a)), so the
+  // down GEMM's BF16 operand holds exactly the E4M3 x 2^e values the FP8 down GEMM would read.
+  kSwiGLUMx,
+  kSwiGLUSaveMx,
 };
+
+// The gate/up epilogues whose `a` is mxfp8-quantized-dequantized (wgmma, bf16 only).
+constexpr bool IsMxGlu(Epi e) { return e == Epi::kSwiGLUMx || e == Epi::kSwiGLUSaveMx; }
 
 struct GemmParams {
   // routing (device arrays)

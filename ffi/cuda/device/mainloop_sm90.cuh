@@ -369,9 +369,9 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   const int total = total_tiles<kMode>(p, s_prefix);
   // The SwiGLU epilogues keep the tile's last stage as their buffers (epilogue_staged.cuh);
   // routed-M tiles have K > 0, so there is always one.
-  constexpr bool kHeld =
-      kMode != Mode::kRoutedK && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
-                                  kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUBwd);
+  constexpr bool kHeld = kMode != Mode::kRoutedK &&
+                         (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
+                          kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUBwd || IsMxGlu(kEpi));
   PipelineState<kStages> pipe;
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
@@ -452,7 +452,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       store_rows_staged<kEpi, BN, true, kWhole>(
           p, w, [&](int i) { return acc(i); }, wg - 1, t,
           smem_u32(out_stage) + (wg - 1) * (kStagingBytes<kMode, kStagedOut> / 2));
-    } else {
+    } else if constexpr (!IsMxGlu(kEpi)) {  // (the mx epilogues are held: glu_staged)
       run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
     }
   }

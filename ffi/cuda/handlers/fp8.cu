@@ -31,6 +31,7 @@
 #include "common/bindings.h"
 #include "common/env.h"
 #include "common/problem.h"
+#include "cuda/device/fp8_quantize.cuh"
 #include "cuda/handlers/bind.h"
 #include "cuda/handlers/fp8.h"
 #include "cuda/host/device.h"
@@ -271,6 +272,33 @@ ffi::Error Quantize(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Resul
   });
 }
 
+// mok_mx_qdq: deq(Q(x)) of mxfp8 in bf16, x's shape: x [R, C] along C (axis 1), or expert
+// weights [E, A, B] along A (axis 1) or B (axis 2). mxfp8 through the BF16 GEMMs.
+ffi::Error MxQdq(cudaStream_t stream, int32_t device, AnyBuffer x, ffi::Result<AnyBuffer> y,
+                 int32_t axis) {
+  MOK_RETURN_IF_ERROR(env::Status());
+  auto d = x.dimensions();
+  const int64_t rank = static_cast<int64_t>(d.size());
+  MOK_CHECK(x.element_type() == DataType::BF16, "mok_mx_qdq takes bfloat16 x, got ",
+            DtypeName(x.element_type()));
+  MOK_CHECK((rank == 2 && axis == 1) || (rank == 3 && (axis == 1 || axis == 2)),
+            "mok_mx_qdq takes x [R, C] with axis 1 or w [E, A, B] with axis 1 or 2, got rank ",
+            rank, " axis ", axis);
+  MOK_CHECK(d[axis] % 32 == 0, "mok_mx_qdq needs the quantized axis to be a multiple of 32, got ",
+            d[axis]);
+  MOK_CHECK(y->element_type() == DataType::BF16 && y->element_count() == x.element_count(),
+            "mok_mx_qdq: the result must be x's shape in bfloat16");
+  DeviceInfo dev;
+  MOK_RETURN_IF_ERROR(GetDevice(device, &dev));
+  const auto* src = static_cast<const bf16*>(x.untyped_data());
+  auto* dst = static_cast<bf16*>(y->untyped_data());
+  ProfileStart(stream);
+  if (axis == rank - 1)
+    return Stage("mx qdq rows", launch_mx_qdq(src, dst, x.element_count(), stream), stream);
+  MOK_CHECK(d[2] % 2 == 0, "mok_mx_qdq along A needs an even B, got ", d[2]);
+  return Stage("mx qdq along A", launch_mx_qdq_cols(src, dst, d[0], d[1], d[2], stream), stream);
+}
+
 // w [E, A, B] and the layout(s) asked for: along A -> [E, B, A], along B -> [E, A, B].
 ffi::Error QuantizeWeightCall(cudaStream_t stream, int32_t device, const AnyBuffer& w,
                               AnyBuffer* a_values, AnyBuffer* a_scales, AnyBuffer* b_values,
@@ -396,3 +424,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokQuantizeWeightBothCuda, mok::cuda::fp8::Quantiz
                                   .Ret<xla::ffi::AnyBuffer>()  // values along B [E, A, B]
                                   .Ret<xla::ffi::AnyBuffer>()  // scales along B
                                   .Attr<int32_t>("recipe"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMxQdqCuda, mok::cuda::fp8::MxQdq,
+                              mok::cuda::BindStreamDevice()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x [R, C] or w [E, A, B]
+                                  .Ret<xla::ffi::AnyBuffer>()  // deq(Q(x)), x's shape
+                                  .Attr<int32_t>("axis"));

@@ -45,6 +45,11 @@ NB_MODULE(_mok_cuda, m) {
     d["mok_quantize"] = Capsule(MokQuantizeCuda);
     d["mok_quantize_weight"] = Capsule(MokQuantizeWeightCuda);
     d["mok_quantize_weight_both"] = Capsule(MokQuantizeWeightBothCuda);
+    // mxfp8 through the BF16 GEMMs (handlers/moe.cu).
+    d["mok_moe_fwd_mx"] = Capsule(MokMoeFwdMxCuda);
+    d["mok_moe_fwd_train_mx"] = Capsule(MokMoeFwdTrainMxCuda);
+    d["mok_moe_bwd_saved_mx"] = Capsule(MokMoeBwdSavedMxCuda);
+    d["mok_mx_qdq"] = Capsule(MokMxQdqCuda);  // handlers/fp8.cu
     return d;
   });
   m.def("device_info", [] {

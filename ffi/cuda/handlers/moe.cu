@@ -32,6 +32,18 @@ ffi::Error CheckSaved(const Problem& pr, const ffi::AnyBuffer& h) {
   return CheckSameShape("h (saved pre-activations)", h, pr.assignments(), 2 * pr.ffn, pr.dtype);
 }
 
+// mxfp8 through the BF16 GEMMs (phases.h): the bf16 wgmma kernels, and F in whole 128-column
+// tiles (an mx block of 32 F columns never straddles a tile, as in the FP8 kernels).
+ffi::Error CheckMx(const Problem& pr, const Plan& plan) {
+  MOK_CHECK(pr.dtype == ffi::DataType::BF16 && plan.wgmma,
+            "mxfp8 through the BF16 GEMMs needs bf16 x and the wgmma kernels (sm_90a), got ",
+            DtypeName(pr.dtype), plan.wgmma ? "" : " without wgmma");
+  MOK_CHECK(pr.ffn % 128 == 0 && pr.hidden % 128 == 0,
+            "mxfp8 through the BF16 GEMMs needs H and F multiples of 128, got H=", pr.hidden,
+            " F=", pr.ffn);
+  return ffi::Error::Success();
+}
+
 // Everything a call checks before its problem: the debugging switches, the attributes, the
 // device (made current). Then the plan for the problem.
 ffi::Error Prologue(int32_t device, int32_t pregather_x, int32_t gemm, KernelOptions* options,
@@ -44,7 +56,7 @@ ffi::Error Prologue(int32_t device, int32_t pregather_x, int32_t gemm, KernelOpt
 ffi::Error ForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int32_t device,
                        const ffi::AnyBuffer& x, const ffi::AnyBuffer& ids, const ffi::AnyBuffer& w,
                        const ffi::AnyBuffer& wgu, const ffi::AnyBuffer& wd, ffi::AnyBuffer& y,
-                       ffi::AnyBuffer* h, int32_t pregather_x, int32_t gemm) {
+                       ffi::AnyBuffer* h, int32_t pregather_x, int32_t gemm, bool mx = false) {
   KernelOptions options;
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prologue(device, pregather_x, gemm, &options, &dev));
@@ -53,6 +65,7 @@ ffi::Error ForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int3
   MOK_RETURN_IF_ERROR(CheckSameShape("y", y, pr.tokens, pr.hidden, pr.dtype));
   if (h) MOK_RETURN_IF_ERROR(CheckSaved(pr, *h));
   const Plan plan = ChoosePlan(pr, options, dev);
+  if (mx) MOK_RETURN_IF_ERROR(CheckMx(pr, plan));
   if (DebugSync())
     std::fprintf(stderr, "jax_mok CUDA: fwd T=%ld H=%ld F=%ld E=%ld k=%ld%s, %s%s%s\n",
                  (long)pr.tokens, (long)pr.hidden, (long)pr.ffn, (long)pr.experts, (long)pr.top_k,
@@ -67,7 +80,7 @@ ffi::Error ForwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int3
     return Forward<T>(stream, scratch, plan, pr, static_cast<const T*>(x.untyped_data()), id, wt,
                       static_cast<const T*>(wgu.untyped_data()),
                       static_cast<const T*>(wd.untyped_data()), static_cast<T*>(y.untyped_data()),
-                      h ? static_cast<T*>(h->untyped_data()) : nullptr);
+                      h ? static_cast<T*>(h->untyped_data()) : nullptr, mx);
   });
 }
 
@@ -91,7 +104,7 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
                         const ffi::AnyBuffer& wgu, const ffi::AnyBuffer& wd,
                         const ffi::AnyBuffer* h, ffi::AnyBuffer& dx, ffi::AnyBuffer& d_w,
                         ffi::AnyBuffer& d_wgu, ffi::AnyBuffer& d_wd, int32_t pregather_x,
-                        int32_t gemm) {
+                        int32_t gemm, const ffi::AnyBuffer* dy_mx = nullptr) {
   KernelOptions options;
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prologue(device, pregather_x, gemm, &options, &dev));
@@ -107,6 +120,10 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
             "d_w_down must match w_down");
   if (h) MOK_RETURN_IF_ERROR(CheckSaved(pr, *h));
   const Plan plan = ChoosePlan(pr, options, dev);
+  if (dy_mx) {
+    MOK_RETURN_IF_ERROR(CheckMx(pr, plan));
+    MOK_RETURN_IF_ERROR(CheckSameShape("dy_mx", *dy_mx, pr.tokens, pr.hidden, pr.dtype));
+  }
   if (pr.tokens == 0) {
     MOK_CUDA_RETURN(cudaMemsetAsync(d_wgu.untyped_data(), 0, d_wgu.size_bytes(), stream));
     MOK_CUDA_RETURN(cudaMemsetAsync(d_wd.untyped_data(), 0, d_wd.size_bytes(), stream));
@@ -122,7 +139,8 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
         static_cast<const T*>(x.untyped_data()), id, wt, static_cast<const T*>(wgu.untyped_data()),
         static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx.untyped_data()), dw,
         static_cast<T*>(d_wgu.untyped_data()), static_cast<T*>(d_wd.untyped_data()),
-        h ? static_cast<const T*>(h->untyped_data()) : nullptr);
+        h ? static_cast<const T*>(h->untyped_data()) : nullptr,
+        dy_mx ? static_cast<const T*>(dy_mx->untyped_data()) : nullptr);
   });
 }
 
@@ -143,6 +161,33 @@ ffi::Error MoeBwdSaved(cudaStream_t stream, ffi::ScratchAllocator scratch, int32
                        int32_t pregather_x, int32_t gemm) {
   return BackwardCall(stream, scratch, device, dy, x, ids, w, wgu, wd, &h, *dx, *d_w, *d_wgu, *d_wd,
                       pregather_x, gemm);
+}
+
+// mxfp8 through the BF16 GEMMs: x and the weights already deq(Q(.)) (jax_mok.quantization.cuda).
+ffi::Error MoeFwdMx(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                    ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
+                    ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> y, int32_t pregather_x,
+                    int32_t gemm) {
+  return ForwardCall(stream, scratch, device, x, ids, w, wgu, wd, *y, nullptr, pregather_x, gemm,
+                     true);
+}
+
+ffi::Error MoeFwdTrainMx(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                         ffi::AnyBuffer x, ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
+                         ffi::AnyBuffer wd, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> h, int32_t pregather_x, int32_t gemm) {
+  return ForwardCall(stream, scratch, device, x, ids, w, wgu, wd, *y, &*h, pregather_x, gemm, true);
+}
+
+// (dy_mx, dy, x, ids, w, w_gate_up along 2F, w_down along H, h): dy_mx = deq(Q(dy)) for dy·Wd^T.
+ffi::Error MoeBwdSavedMx(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
+                         ffi::AnyBuffer dy_mx, ffi::AnyBuffer dy, ffi::AnyBuffer x,
+                         ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
+                         ffi::AnyBuffer wd, ffi::AnyBuffer h, ffi::Result<ffi::AnyBuffer> dx,
+                         ffi::Result<ffi::AnyBuffer> d_w, ffi::Result<ffi::AnyBuffer> d_wgu,
+                         ffi::Result<ffi::AnyBuffer> d_wd, int32_t pregather_x, int32_t gemm) {
+  return BackwardCall(stream, scratch, device, dy, x, ids, w, wgu, wd, &h, *dx, *d_w, *d_wgu, *d_wd,
+                      pregather_x, gemm, &dy_mx);
 }
 
 }  // namespace
@@ -171,3 +216,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainCuda, mok::cuda::MoeFwdTrain,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedCuda, mok::cuda::MoeBwdSaved,
                               mok::BindBackwardSaved(mok::cuda::BindStreamScratchDevice()));
+
+// mxfp8 through the BF16 GEMMs (the same bindings; the backward with dy_mx before dy).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdMxCuda, mok::cuda::MoeFwdMx,
+                              mok::BindForward(mok::cuda::BindStreamScratchDevice()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainMxCuda, mok::cuda::MoeFwdTrainMx,
+                              mok::BindForwardTrain(mok::cuda::BindStreamScratchDevice()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedMxCuda, mok::cuda::MoeBwdSavedMx,
+                              mok::BindBackwardSaved(mok::cuda::BindStreamScratchDevice()
+                                                         .template Arg<xla::ffi::AnyBuffer>()));

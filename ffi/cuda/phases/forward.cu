@@ -8,7 +8,7 @@ namespace mok::cuda {
 template <class T>
 ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Plan& plan,
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
-                   const T* wd, T* y, T* h_save) {
+                   const T* wd, T* y, T* h_save, bool mx_act) {
   const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
   const bool pregather = std::is_same_v<T, bf16> && plan.pregather_x;
   Routing r;
@@ -37,7 +37,13 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Pl
   g1.a = x_rows.base, g1.a_gather = x_rows.gather, g1.lda = H, g1.a_rows = TK;
   g1.b = wgu, g1.b_expert_stride = H * 2 * F, g1.ldb = 2 * F;
   g1.out = act, g1.ldo = F, g1.out2 = h_save;
-  if (h_save) {  // training: keep h for the backward (saves its recompute GEMM)
+  if (mx_act && h_save) {
+    MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBN, Epi::kSwiGLUSaveMx>(
+        {"gate/up GEMM + SwiGLU, a mxfp8 (h saved)", "x", "w_gate_up"}, g1, plan, stream)));
+  } else if (mx_act) {
+    MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBN, Epi::kSwiGLUMx>(
+        {"gate/up GEMM + SwiGLU, a mxfp8", "x", "w_gate_up"}, g1, plan, stream)));
+  } else if (h_save) {  // training: keep h for the backward (saves its recompute GEMM)
     MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBN, Epi::kSwiGLUSave>(
         {"gate/up GEMM + SwiGLU (h saved)", "x", "w_gate_up"}, g1, plan, stream)));
   } else {
@@ -63,9 +69,9 @@ ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Pl
 
 template ffi::Error Forward<bf16>(cudaStream_t, ffi::ScratchAllocator&, const Plan&, const Problem&,
                                   const bf16*, const int*, const float*, const bf16*, const bf16*,
-                                  bf16*, bf16*);
+                                  bf16*, bf16*, bool);
 template ffi::Error Forward<float>(cudaStream_t, ffi::ScratchAllocator&, const Plan&,
                                    const Problem&, const float*, const int*, const float*,
-                                   const float*, const float*, float*, float*);
+                                   const float*, const float*, float*, float*, bool);
 
 }  // namespace mok::cuda

@@ -62,15 +62,22 @@ inline ffi::Error ReadCudaProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer&
 // Instantiated for bf16 and float. h_save (forward) / h_saved (backward): the gate/up
 // pre-activations [T*k, 2F] in x's dtype, rows in the expert-sorted assignment order that both
 // directions rebuild identically from topk_ids; with them the backward skips its recompute GEMM.
+//
+// mxfp8 through the BF16 GEMMs (bf16 x and the wgmma kernels only; docs/fp8.md): the data-path
+// GEMMs read mxfp8 operands exactly dequantized to bf16. Forward (mx_act): the caller passes x
+// and the weights as deq(Q(.)) and the gate/up epilogue stores a as deq(Q(a)). Backward
+// (dy_mx = deq(Q(dy)), non-null): dy·Wd^T reads dy_mx (dy stays the dWd operand), dh·Wgu^T reads
+// deq(Q(dh)) (dh stays the dWgu operand), the weights are the backward's deq(Q(.)) layouts
+// (w_down along H, w_gate_up along 2F), and h must be saved.
 template <class T>
 ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Plan& plan,
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
-                   const T* wd, T* y, T* h_save = nullptr);
+                   const T* wd, T* y, T* h_save = nullptr, bool mx_act = false);
 
 template <class T>
 ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Plan& plan,
                     const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
                     const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd,
-                    const T* h_saved = nullptr);
+                    const T* h_saved = nullptr, const T* dy_mx = nullptr);
 
 }  // namespace mok::cuda
