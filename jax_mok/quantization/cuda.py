@@ -149,8 +149,8 @@ routed_experts_fp8_prepared_cuda.defvjp(_prepared_fwd, _prepared_bwd)
 # through ``mok_mx_qdq`` (deq(Q(.)) in one pass, in place of their layouts); a = SwiGLU(h) is
 # quantized from its float32 value in the gate/up epilogue (kSwiGLUMx) and dh by a pass before
 # dh·Wguᵀ, as the layer's semantics say. The weight gradients are the BF16 backward's:
-# weight_grads="unquantized" only. The forward always keeps h (the BF16 backward on these
-# operands has no recompute of it).
+# weight_grads="unquantized" only. The forward always keeps h, whatever save_activations says:
+# a recompute would need x's and the weights' forward operands kept instead, weight-sized.
 _MX = "mxfp8"
 _MX_KERNEL = KernelTuning()
 
@@ -296,7 +296,8 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
         bf16_path = (reason is None and recipe == _MX
                      and mx_bf16_limits(x2d.dtype, weight_grads) is None)
         form = "fp8" if prepared is None else prepared.form
-        if prepared is not None and form != ("bf16" if bf16_path else "fp8"):
+        # (Where the pure-JAX layer runs instead, it reads either form.)
+        if reason is None and form != ("bf16" if bf16_path else "fp8"):
             raise TypeError(
                 f"jax_mok: these fp8_weights hold the {form!r} layouts, but this call runs "
                 + ("mxfp8 through the BF16 GEMMs, which read the bf16 ones: make them with "
