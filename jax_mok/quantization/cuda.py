@@ -297,7 +297,7 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
                      and mx_bf16_limits(x2d.dtype, weight_grads) is None)
         form = "fp8" if prepared is None else prepared.form
         # (Where the pure-JAX layer runs instead, it reads either form.)
-        if reason is None and form != ("bf16" if bf16_path else "fp8"):
+        if reason is None and prepared is not None and form != ("bf16" if bf16_path else "fp8"):
             raise TypeError(
                 f"jax_mok: these fp8_weights hold the {form!r} layouts, but this call runs "
                 + ("mxfp8 through the BF16 GEMMs, which read the bf16 ones: make them with "
