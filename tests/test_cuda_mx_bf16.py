@@ -61,12 +61,12 @@ def test_matches_mx_reference(T, H, F, E, k, kind):
 
 
 def test_deterministic_and_prepared_equals_plain():
-    from jax_mok.quantization import cuda as kernels_fp8
+    from jax_mok.quantization.weights import mx_bf16_weights
 
     args = _problem(7, *CASES[4][:5], jnp.bfloat16, CASES[4][5])
     first = _mx()(*args)
     again = _mx()(*args)
-    prepared = kernels_fp8.mx_bf16_weights(args[3], args[4])
+    prepared = mx_bf16_weights(args[3], args[4])
     assert prepared.form == "bf16"
     with_prepared = _mx(prepared)(*args)
     for name, a, b, c in zip(NAMES, first, again, with_prepared, strict=True):

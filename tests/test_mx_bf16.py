@@ -16,7 +16,7 @@ import jax_mok
 from jax_mok import testing
 from jax_mok.quantization import blocks, layer
 from jax_mok.quantization import cuda as fp8_cuda
-from jax_mok.quantization.weights import Fp8Weights
+from jax_mok.quantization.weights import Fp8Weights, mx_bf16_weights
 
 E, K, H, F, T = 4, 2, 256, 128, 64  # H, F multiples of 128: the kernels' sizes
 
@@ -40,7 +40,7 @@ def _lowered_grad(dtype=jnp.bfloat16, prepared: bool = False, weight_grads="unqu
     _, params, x, ids, w = _args(dtype)
 
     def loss(x, w, wgu, wd):
-        pw = fp8_cuda.mx_bf16_weights(wgu, wd) if prepared else None
+        pw = mx_bf16_weights(wgu, wd) if prepared else None
         y = _call(x, ids, w, wgu, wd, pw, weight_grads)
         return jnp.sum(y.astype(jnp.float32) ** 2)
 

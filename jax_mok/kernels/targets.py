@@ -39,8 +39,7 @@ KERNEL_TARGETS = ("mok_moe_fwd", "mok_moe_fwd_train", "mok_moe_bwd", "mok_moe_bw
 STAGED_PEER_TARGETS = ("mok_ep_dispatch", "mok_ep_combine")
 FUSED_PEER_TARGETS = ("mok_ep_moe_fwd", "mok_ep_moe_fwd_train", "mok_ep_moe_bwd",
                       "mok_ep_moe_fwd_train_recompute", "mok_ep_moe_bwd_recompute")
-# mxfp8 through the BF16 GEMMs ("CUDA" only; jax_mok.quantization.cuda): the local kernels on
-# exactly dequantized mxfp8 operands, a quantized in the gate/up epilogue, dh before dh·Wguᵀ.
+# mxfp8 through the BF16 GEMMs ("CUDA" only; jax_mok.quantization.cuda).
 MX_TARGETS = ("mok_moe_fwd_mx", "mok_moe_fwd_train_mx", "mok_moe_bwd_saved_mx")
 # Their attribute pregather_x is the backward's choice (x and dy copied into expert order).
 BACKWARD_TARGETS = ("mok_moe_bwd", "mok_moe_bwd_saved", "mok_ep_moe_bwd",
@@ -192,39 +191,32 @@ def moe_backward_saved(kernel: KernelTuning, dy, x2d, topk_ids, topk_weights, w_
 
 
 def mx_qdq(x, axis: int):
-    """``mok_mx_qdq`` (CUDA, bf16): deq(Q(x)) of mxfp8 in x's shape and dtype, quantized along
-    ``axis`` — the last of ``x [R, C]``, or 1 / 2 of expert weights ``[E, A, B]`` — by one kernel
-    pass (2 bytes read and written per element)."""
+    """``mok_mx_qdq`` (CUDA, bf16): deq(Q(x)) of mxfp8 along ``axis`` (the last of ``x [R, C]``,
+    or 1 / 2 of weights ``[E, A, B]``) in x's shape, one pass."""
     return _call("mok_mx_qdq", _like(x), x, attrs={"axis": np.int32(axis)},
                  vmap_method="sequential")
 
 
 def mx_forward(kernel: KernelTuning, x_mx, topk_ids, topk_weights, w_gate_up_mx, w_down_mx,
                save: bool):
-    """``mok_moe_fwd_mx`` (``save``: ``mok_moe_fwd_train_mx``), CUDA, bf16: the local forward
-    on mxfp8 operands exactly dequantized (``x_mx``, ``w_*_mx`` in their logical layouts, the
-    forward's quantization axes), ``a`` quantized-dequantized along F in the gate/up epilogue.
-    Returns ``(y [T, H], h [T*k, 2F] or None)``."""
+    """``mok_moe_fwd_mx`` / ``_train_mx`` (``save``): the local forward on exactly dequantized
+    mxfp8 operands (docs/ffi-contract.md) -> ``(y [T, H], h [T*k, 2F] or None)``."""
     target = "mok_moe_fwd_train_mx" if save else "mok_moe_fwd_mx"
-    attrs = _local_attributes(target, kernel, x_mx, topk_ids, w_gate_up_mx)
-    operands = (x_mx, topk_ids, topk_weights, w_gate_up_mx, w_down_mx)
-    if save:
-        tk = topk_ids.shape[0] * topk_ids.shape[1]
-        h = jax.ShapeDtypeStruct((tk, w_gate_up_mx.shape[-1]), x_mx.dtype)
-        return _call(target, (_like(x_mx), h), *operands, attrs=attrs)
-    return _call(target, _like(x_mx), *operands, attrs=attrs), None
+    h = jax.ShapeDtypeStruct((topk_ids.size, w_gate_up_mx.shape[-1]), x_mx.dtype)
+    out = _call(target, (_like(x_mx), h) if save else _like(x_mx), x_mx, topk_ids, topk_weights,
+                w_gate_up_mx, w_down_mx,
+                attrs=_local_attributes(target, kernel, x_mx, topk_ids, w_gate_up_mx))
+    return out if save else (out, None)
 
 
 def mx_backward_saved(kernel: KernelTuning, dy_mx, dy, x2d, topk_ids, topk_weights,
                       w_gate_up_mx, w_down_mx, h):
-    """``mok_moe_bwd_saved_mx`` (CUDA, bf16): :func:`moe_backward_saved` with ``dy_mx`` =
-    deq(Q(dy)) as dy·Wdᵀ's operand and deq(Q(dh)) as dh·Wguᵀ's (dy and dh stay the weight
-    gradients' operands); ``w_*_mx`` are the backward's layouts (w_gate_up along 2F, w_down along
-    H), dequantized, logical shapes."""
-    outs = _backward_outs(x2d, topk_weights, w_gate_up_mx, w_down_mx)
+    """``mok_moe_bwd_saved_mx``: :func:`moe_backward_saved` with deq(Q(dy)) and deq(Q(dh)) as
+    the data gradients' operands and the backward's dequantized weight layouts."""
     attrs = _local_attributes("mok_moe_bwd_saved_mx", kernel, x2d, topk_ids, w_gate_up_mx)
-    return _call("mok_moe_bwd_saved_mx", outs, dy_mx, dy, x2d, topk_ids, topk_weights,
-                 w_gate_up_mx, w_down_mx, h, attrs=attrs)
+    return _call("mok_moe_bwd_saved_mx", _backward_outs(x2d, topk_weights, w_gate_up_mx,
+                                                        w_down_mx),
+                 dy_mx, dy, x2d, topk_ids, topk_weights, w_gate_up_mx, w_down_mx, h, attrs=attrs)
 
 
 # ------------------------------------------------------------------ expert parallelism
@@ -442,31 +434,9 @@ def quantize_weight_both(w, recipe: str):
     return (a_v, a_s), (b_v, b_s)
 
 
-__all__ = [
-    "FP8_RECIPES",
-    "FUSED_PEER_TARGETS",
-    "BACKWARD_TARGETS",
-    "KERNEL_TARGETS",
-    "MX_TARGETS",
-    "STAGED_PEER_TARGETS",
-    "attributes",
-    "ep_combine",
-    "ep_dispatch",
-    "ep_moe_backward",
-    "ep_moe_forward",
-    "ep_moe_forward_train",
-    "fp8_backward",
-    "fp8_forward",
-    "home_sum",
-    "moe_backward",
-    "moe_backward_saved",
-    "moe_forward",
-    "moe_forward_train",
-    "mx_backward_saved",
-    "mx_forward",
-    "mx_qdq",
-    "no_vmap_of_gradients",
-    "quantize_rows",
-    "quantize_weight",
-    "quantize_weight_both",
-]
+__all__ = ["FP8_RECIPES", "FUSED_PEER_TARGETS", "BACKWARD_TARGETS", "KERNEL_TARGETS",
+           "MX_TARGETS", "STAGED_PEER_TARGETS", "attributes", "ep_combine", "ep_dispatch",
+           "ep_moe_backward", "ep_moe_forward", "ep_moe_forward_train", "fp8_backward",
+           "fp8_forward", "home_sum", "moe_backward", "moe_backward_saved", "moe_forward",
+           "moe_forward_train", "mx_backward_saved", "mx_forward", "mx_qdq",
+           "no_vmap_of_gradients", "quantize_rows", "quantize_weight", "quantize_weight_both"]

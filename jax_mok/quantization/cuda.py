@@ -155,21 +155,6 @@ _MX = "mxfp8"
 _MX_KERNEL = KernelTuning()
 
 
-def mx_bf16_weights(w_gate_up: jax.Array, w_down: jax.Array, backward: bool = True):
-    """The expert weights as this path reads them, made once per optimizer step: an
-    ``Fp8Weights`` of ``form="bf16"`` holding deq(Q(w)) in bf16 and the weights' logical layouts
-    — ``gate_up`` along H, ``down`` along F (the forward), ``gate_up_t`` along 2F, ``down_t``
-    along H (the data gradients; None without ``backward``). ``jax_mok.fp8_weights`` returns
-    these where the layer runs this path."""
-    from jax_mok.quantization.weights import Fp8Weights  # (weights.py imports this module)
-
-    w_gate_up, w_down = (jax.lax.stop_gradient(w) for w in (w_gate_up, w_down))
-    back = ((targets.mx_qdq(w_gate_up, 2), targets.mx_qdq(w_down, 2)) if backward
-            else (None, None))
-    return Fp8Weights(targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1), *back, _MX,
-                      jnp.dtype(w_gate_up.dtype).name, "bf16")
-
-
 def _mx_forward_weights(w_gate_up, w_down, dtype):
     """The forward's operands: deq(Q(.)) along H / F; quantize_params' QuantizedWeights (those
     layouts) dequantized."""
@@ -325,5 +310,4 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
 
 __all__ = ["MAX_EXPERTS", "cuda_limits", "mx_bf16_limits", "routed_experts_fp8",
            "routed_experts_fp8_cuda", "routed_experts_fp8_prepared_cuda",
-           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda",
-           "mx_bf16_weights"]
+           "routed_experts_mx_bf16_cuda", "routed_experts_mx_bf16_prepared_cuda"]

@@ -77,6 +77,19 @@ class Fp8Weights:
         return sum(int(a.size) * a.dtype.itemsize for a in leaves)
 
 
+def mx_bf16_weights(w_gate_up: jax.Array, w_down: jax.Array, backward: bool = True) -> Fp8Weights:
+    """The ``form="bf16"`` layouts of mxfp8 through the BF16 GEMMs (:mod:`jax_mok.quantization
+    .cuda`), made by the CUDA qdq pass: deq(Q(w)) in the weights' dtype and logical layouts —
+    ``gate_up`` along H, ``down`` along F (the forward), ``gate_up_t`` along 2F, ``down_t`` along
+    H (the data gradients; None without ``backward``). :func:`fp8_weights` returns these where
+    the layer runs that path."""
+    w_gate_up, w_down = (jax.lax.stop_gradient(w) for w in (w_gate_up, w_down))
+    back = ((targets.mx_qdq(w_gate_up, 2), targets.mx_qdq(w_down, 2)) if backward
+            else (None, None))
+    return Fp8Weights(targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1), *back, "mxfp8",
+                      jnp.dtype(w_gate_up.dtype).name, "bf16")
+
+
 def quantizer_on_cuda(implementation: str | None, hidden: int, ffn: int, experts: int,
                       caller: str) -> bool:
     """Whether ``caller`` (a public function's name, for its errors) quantizes expert weights
@@ -150,7 +163,7 @@ def fp8_weights(params, *, dtype=None, backward: bool = True,
     if use_cuda and recipe == "mxfp8" and cuda.mx_bf16_limits(
             dtype, config.weight_gradient_mode()) is None:
         # The layer will run mxfp8 through the BF16 GEMMs: the layouts those read.
-        return cuda.mx_bf16_weights(w_gu, w_dn, backward)
+        return mx_bf16_weights(w_gu, w_dn, backward)
     gate_up, gate_up_t = quantize_expert_weight(w_gu, recipe, backward, use_cuda)
     down, down_t = quantize_expert_weight(w_dn, recipe, backward, use_cuda)
     return Fp8Weights(gate_up, down, gate_up_t, down_t, recipe, dtype.name)
@@ -216,5 +229,5 @@ def check_fp8_weights(prepared, config, x_dtype) -> None:
                              f"but params.config needs {shape}")
 
 
-__all__ = ["Fp8Weights", "check_fp8_weights", "fp8_weights", "quantize_expert_weight",
-           "quantize_params", "quantizer_on_cuda"]
+__all__ = ["Fp8Weights", "check_fp8_weights", "fp8_weights", "mx_bf16_weights",
+           "quantize_expert_weight", "quantize_params", "quantizer_on_cuda"]
