@@ -62,7 +62,9 @@ def test_bf16_x_with_unquantized_weight_gradients_lowers_to_the_mx_targets(cuda_
     assert "mok_moe_fwd_train_mx" in text and "mok_moe_bwd_saved_mx" in text
     assert "_fp8" not in text  # no FP8 GEMM target: mok_moe_fwd_train_fp8, mok_moe_bwd_*_fp8
     assert "mok_quantize" not in text  # x, dy, the weights: deq(Q(.)) by mok_mx_qdq
-    assert text.count("mok_mx_qdq") == 6  # x, dy, and each weight along both of its axes
+    # x, dy and the forward's two weight layouts; the backward makes its two in its scratch
+    assert text.count("mok_mx_qdq") == 4
+    assert "qdq_weights = 1" in text
 
 
 @pytest.mark.parametrize("dtype,weight_grads", [(jnp.float32, "unquantized"),
@@ -77,6 +79,7 @@ def test_prepared_bf16_layouts(cuda_built):
     text = _lowered_grad(prepared=True)
     assert "mok_moe_fwd_train_mx" in text and "mok_moe_bwd_saved_mx" in text
     assert text.count("mok_mx_qdq") == 6  # 4 made by mx_bf16_weights, x and dy by the layer
+    assert "qdq_weights = 0" in text
 
 
 def test_fp8_weights_make_the_layouts_of_the_path(cuda_built, monkeypatch):

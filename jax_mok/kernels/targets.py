@@ -210,10 +210,12 @@ def mx_forward(kernel: KernelTuning, x_mx, topk_ids, topk_weights, w_gate_up_mx,
 
 
 def mx_backward_saved(kernel: KernelTuning, dy_mx, dy, x2d, topk_ids, topk_weights,
-                      w_gate_up_mx, w_down_mx, h):
+                      w_gate_up_mx, w_down_mx, h, qdq_weights: bool):
     """``mok_moe_bwd_saved_mx``: :func:`moe_backward_saved` with deq(Q(dy)) and deq(Q(dh)) as
-    the data gradients' operands and the backward's dequantized weight layouts."""
+    the data gradients' operands and the backward's dequantized weight layouts (``qdq_weights``:
+    the weights themselves, their layouts made in the call, one at a time)."""
     attrs = _local_attributes("mok_moe_bwd_saved_mx", kernel, x2d, topk_ids, w_gate_up_mx)
+    attrs = {**attrs, "qdq_weights": np.int32(qdq_weights)} if attrs else attrs
     return _call("mok_moe_bwd_saved_mx", _backward_outs(x2d, topk_weights, w_gate_up_mx,
                                                         w_down_mx),
                  dy_mx, dy, x2d, topk_ids, topk_weights, w_gate_up_mx, w_down_mx, h, attrs=attrs)

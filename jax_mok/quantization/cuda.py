@@ -178,20 +178,19 @@ def _mx_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down):
     wgu, wd = _mx_forward_weights(w_gate_up, w_down, x2d.dtype)
     y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights, wgu, wd,
                               True)
-    # The backward's layouts are made there from the weights (alive anyway): no residual copy.
+    # The backward makes its layouts from the weights (alive anyway), one at a time in its
+    # scratch: no residual copy, one weight-sized layout held at once.
     return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
 
 
-def _mx_backward(x2d, topk_ids, topk_weights, wgu_t, wd_t, h, dy):
+def _mx_backward(qdq_weights, x2d, topk_ids, topk_weights, wgu_t, wd_t, h, dy):
     dy = dy.astype(x2d.dtype)
     return targets.mx_backward_saved(_MX_KERNEL, targets.mx_qdq(dy, 1), dy, x2d, topk_ids,
-                                     topk_weights, wgu_t, wd_t, h)
+                                     topk_weights, wgu_t, wd_t, h, qdq_weights)
 
 
 def _mx_bwd(residuals, dy):
-    x2d, topk_ids, topk_weights, w_gate_up, w_down, h = residuals
-    dx, d_w, d_gu, d_dn = _mx_backward(x2d, topk_ids, topk_weights, targets.mx_qdq(w_gate_up, 2),
-                                       targets.mx_qdq(w_down, 2), h, dy)
+    dx, d_w, d_gu, d_dn = _mx_backward(True, *residuals, dy)  # the weights: layouts made there
     return dx, None, d_w, d_gu, d_dn
 
 
@@ -221,7 +220,7 @@ def _mx_prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared):
 
 
 def _mx_prepared_bwd(residuals, dy):
-    dx, d_w, d_gu, d_dn = _mx_backward(*residuals, dy)
+    dx, d_w, d_gu, d_dn = _mx_backward(False, *residuals, dy)  # the prepared layouts
     return dx, None, d_w, d_gu, d_dn, None
 
 

@@ -104,7 +104,8 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
                         const ffi::AnyBuffer& wgu, const ffi::AnyBuffer& wd,
                         const ffi::AnyBuffer* h, ffi::AnyBuffer& dx, ffi::AnyBuffer& d_w,
                         ffi::AnyBuffer& d_wgu, ffi::AnyBuffer& d_wd, int32_t pregather_x,
-                        int32_t gemm, const ffi::AnyBuffer* dy_mx = nullptr) {
+                        int32_t gemm, const ffi::AnyBuffer* dy_mx = nullptr,
+                        bool qdq_weights = false) {
   KernelOptions options;
   DeviceInfo dev;
   MOK_RETURN_IF_ERROR(Prologue(device, pregather_x, gemm, &options, &dev));
@@ -140,7 +141,7 @@ ffi::Error BackwardCall(cudaStream_t stream, ffi::ScratchAllocator& scratch, int
         static_cast<const T*>(wd.untyped_data()), static_cast<T*>(dx.untyped_data()), dw,
         static_cast<T*>(d_wgu.untyped_data()), static_cast<T*>(d_wd.untyped_data()),
         h ? static_cast<const T*>(h->untyped_data()) : nullptr,
-        dy_mx ? static_cast<const T*>(dy_mx->untyped_data()) : nullptr);
+        dy_mx ? static_cast<const T*>(dy_mx->untyped_data()) : nullptr, qdq_weights);
   });
 }
 
@@ -179,15 +180,20 @@ ffi::Error MoeFwdTrainMx(cudaStream_t stream, ffi::ScratchAllocator scratch, int
   return ForwardCall(stream, scratch, device, x, ids, w, wgu, wd, *y, &*h, pregather_x, gemm, true);
 }
 
-// (dy_mx, dy, x, ids, w, w_gate_up along 2F, w_down along H, h): dy_mx = deq(Q(dy)) for dy·Wd^T.
+// (dy_mx, dy, x, ids, w, w_gate_up, w_down, h): dy_mx = deq(Q(dy)) for dy·Wd^T; the weights
+// are the backward's layouts (w_gate_up along 2F, w_down along H), or with qdq_weights = 1 the
+// weights themselves (their layouts made in the call's scratch, one at a time).
 ffi::Error MoeBwdSavedMx(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device,
                          ffi::AnyBuffer dy_mx, ffi::AnyBuffer dy, ffi::AnyBuffer x,
                          ffi::AnyBuffer ids, ffi::AnyBuffer w, ffi::AnyBuffer wgu,
                          ffi::AnyBuffer wd, ffi::AnyBuffer h, ffi::Result<ffi::AnyBuffer> dx,
                          ffi::Result<ffi::AnyBuffer> d_w, ffi::Result<ffi::AnyBuffer> d_wgu,
-                         ffi::Result<ffi::AnyBuffer> d_wd, int32_t pregather_x, int32_t gemm) {
+                         ffi::Result<ffi::AnyBuffer> d_wd, int32_t pregather_x, int32_t gemm,
+                         int32_t qdq_weights) {
+  MOK_CHECK(qdq_weights == 0 || qdq_weights == 1, "attribute qdq_weights must be 0 or 1, got ",
+            qdq_weights);
   return BackwardCall(stream, scratch, device, dy, x, ids, w, wgu, wd, &h, *dx, *d_w, *d_wgu, *d_wd,
-                      pregather_x, gemm, &dy_mx);
+                      pregather_x, gemm, &dy_mx, qdq_weights == 1);
 }
 
 }  // namespace
@@ -224,6 +230,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdMxCuda, mok::cuda::MoeFwdMx,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeFwdTrainMxCuda, mok::cuda::MoeFwdTrainMx,
                               mok::BindForwardTrain(mok::cuda::BindStreamScratchDevice()));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MokMoeBwdSavedMxCuda, mok::cuda::MoeBwdSavedMx,
-                              mok::BindBackwardSaved(mok::cuda::BindStreamScratchDevice()
-                                                         .template Arg<xla::ffi::AnyBuffer>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    MokMoeBwdSavedMxCuda, mok::cuda::MoeBwdSavedMx,
+    mok::BindBackwardSaved(mok::cuda::BindStreamScratchDevice().template Arg<xla::ffi::AnyBuffer>())
+        .template Attr<int32_t>("qdq_weights"));

@@ -10,8 +10,8 @@ template <class T>
 ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Plan& plan,
                     const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
                     const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd,
-                    const T* h_saved, const T* dy_mx) {
-  const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn;
+                    const T* h_saved, const T* dy_mx, bool qdq_weights) {
+  const int64_t TK = pr.assignments(), H = pr.hidden, F = pr.ffn, E = pr.experts;
   const bool mx = dy_mx != nullptr;  // mxfp8 through the BF16 GEMMs (phases.h)
   if (mx) {
     MOK_CHECK((std::is_same_v<T, bf16>) && plan.wgmma,
@@ -31,6 +31,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
     T* h_scratch;    // where the recompute writes h (nullptr when saved)
     T* dh;           // [P, 2F]
     T* dh_mx;        // [P, 2F] deq(Q(dh)), dh·Wgu^T's A (mx only)
+    T* w_mx;         // [E, H, 2F]: w_down's, then w_gate_up's deq(Q(.)) (mx, qdq_weights only)
     T* aw;           // [P, F]  w · a
     T* dx_part;      // [P, H]
     float* dw_part;  // [P, g_tiles]
@@ -43,6 +44,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
     b.h = h_saved ? h_saved : b.h_scratch;
     b.dh = c.take<T>(TK * 2 * F);
     b.dh_mx = mx ? c.take<T>(TK * 2 * F) : nullptr;
+    b.w_mx = mx && qdq_weights ? c.take<T>(E * H * 2 * F) : nullptr;
     b.aw = c.take<T>(TK * F);
     b.dx_part = c.take<T>(TK * H);
     b.dw_part = c.take<float>(TK * g_tiles);
@@ -73,7 +75,14 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
   const ExpertOrderRows g2_rows =
       mx ? InExpertOrder(dy_mx, static_cast<const T*>(nullptr), r) : dy_rows;
   g2.a = g2_rows.base, g2.a_gather = g2_rows.gather, g2.lda = H, g2.a_rows = TK;
-  g2.b = wd, g2.b_expert_stride = F * H, g2.ldb = H;
+  // mx, qdq_weights: w_down along H made here, in the scratch w_gate_up's reuses after this GEMM
+  // (stream order), so the backward holds one weight layout at a time, not two.
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (b.w_mx)
+      MOK_RETURN_IF_ERROR(Stage("mxfp8 quantize-dequantize w_down along H",
+                                fp8::launch_mx_qdq(wd, b.w_mx, E * F * H, stream), stream));
+  }
+  g2.b = b.w_mx ? b.w_mx : wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
   MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(
       {"dy Wd^T GEMM + SwiGLU bwd", "dy", "w_down"}, g2, plan, stream)));
@@ -82,12 +91,15 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
     if (mx)
       MOK_RETURN_IF_ERROR(Stage("mxfp8 quantize-dequantize dh",
                                 fp8::launch_mx_qdq(b.dh, b.dh_mx, TK * 2 * F, stream), stream));
+    if (b.w_mx)
+      MOK_RETURN_IF_ERROR(Stage("mxfp8 quantize-dequantize w_gate_up along 2F",
+                                fp8::launch_mx_qdq(wgu, b.w_mx, E * H * 2 * F, stream), stream));
   }
 
   GemmParams g3 = RoutedMParams(r, w, 2);  // dx_part = dh @ Wgu[e]^T
   g3.N = H, g3.K = 2 * F, g3.n_tiles = CeilDiv(H, bn);
   g3.a = mx ? b.dh_mx : b.dh, g3.lda = 2 * F, g3.a_rows = TK;
-  g3.b = wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
+  g3.b = b.w_mx ? b.w_mx : wgu, g3.b_expert_stride = H * 2 * F, g3.ldb = 2 * F;
   g3.out = b.dx_part, g3.ldo = H;
   MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBK, Epi::kStoreRows>(
       {"dh Wgu^T GEMM", "dh", "w_gate_up"}, g3, plan, stream)));
@@ -127,11 +139,11 @@ ffi::Error WeightGradients(cudaStream_t stream, const Plan& plan, const Routing&
 template ffi::Error Backward<bf16>(cudaStream_t, ffi::ScratchAllocator&, const Plan&,
                                    const Problem&, const bf16*, const bf16*, const int*,
                                    const float*, const bf16*, const bf16*, bf16*, float*, bf16*,
-                                   bf16*, const bf16*, const bf16*);
+                                   bf16*, const bf16*, const bf16*, bool);
 template ffi::Error Backward<float>(cudaStream_t, ffi::ScratchAllocator&, const Plan&,
                                     const Problem&, const float*, const float*, const int*,
                                     const float*, const float*, const float*, float*, float*,
-                                    float*, float*, const float*, const float*);
+                                    float*, float*, const float*, const float*, bool);
 template ffi::Error WeightGradients<bf16>(cudaStream_t, const Plan&, const Routing&, const float*,
                                           int64_t, int64_t, int64_t, ExpertOrderRows,
                                           ExpertOrderRows, const bf16*, const bf16*, bf16*, bf16*);

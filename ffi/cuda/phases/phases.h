@@ -67,8 +67,9 @@ inline ffi::Error ReadCudaProblem(const ffi::AnyBuffer& x, const ffi::AnyBuffer&
 // GEMMs read mxfp8 operands exactly dequantized to bf16. Forward (mx_act): the caller passes x
 // and the weights as deq(Q(.)) and the gate/up epilogue stores a as deq(Q(a)). Backward
 // (dy_mx = deq(Q(dy)), non-null): dy·Wd^T reads dy_mx (dy stays the dWd operand), dh·Wgu^T reads
-// deq(Q(dh)) (dh stays the dWgu operand), the weights are the backward's deq(Q(.)) layouts
-// (w_down along H, w_gate_up along 2F), and h must be saved.
+// deq(Q(dh)) (dh stays the dWgu operand), and h must be saved; the weights are the backward's
+// deq(Q(.)) layouts (w_down along H, w_gate_up along 2F), or with qdq_weights the weights
+// themselves, whose layouts are then made one at a time in scratch before the GEMM that reads it.
 template <class T>
 ffi::Error Forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Plan& plan,
                    const Problem& pr, const T* x, const int* ids, const float* w, const T* wgu,
@@ -78,6 +79,6 @@ template <class T>
 ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Plan& plan,
                     const Problem& pr, const T* dy, const T* x, const int* ids, const float* w,
                     const T* wgu, const T* wd, T* dx, float* d_w, T* d_wgu, T* d_wd,
-                    const T* h_saved = nullptr, const T* dy_mx = nullptr);
+                    const T* h_saved = nullptr, const T* dy_mx = nullptr, bool qdq_weights = false);
 
 }  // namespace mok::cuda
