@@ -100,13 +100,15 @@ def test_fp8_weights_make_the_layouts_of_the_path(cuda_built, monkeypatch):
         _call(x, ids, w, params.w_gate_up, params.w_down, bf16, weight_grads="fp8")
 
 
-def test_prequantized_weights_forward_lowers_to_no_weight_quantizer(cuda_built):
-    """quantize_params' inference layouts (the forward's axes) are dequantized, not requantized."""
+def test_prequantized_weights_forward_stays_on_the_fp8_kernels(cuda_built):
+    """quantize_params' inference layouts are read as E4M3 bytes by the FP8 kernels: neither
+    requantized nor dequantized (no weight-sized pass per call)."""
     config, params, x, ids, w = _args()
     q = jax_mok.quantize_params(params, "mxfp8", implementation="reference")
     fn = lambda x: _call(x, ids, w, q.w_gate_up, q.w_down)
     text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
-    assert "mok_moe_fwd_mx" in text and "mok_quantize_weight" not in text
+    assert "mok_moe_fwd_fp8" in text and "_mx" not in text
+    assert "mok_quantize_weight" not in text
 
 
 def test_reference_layer_reads_bf16_layouts():

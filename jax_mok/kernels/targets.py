@@ -215,7 +215,7 @@ def mx_backward_saved(kernel: KernelTuning, dy_mx, dy, x2d, topk_ids, topk_weigh
     the data gradients' operands and the backward's dequantized weight layouts (``qdq_weights``:
     the weights themselves, their layouts made in the call, one at a time)."""
     attrs = _local_attributes("mok_moe_bwd_saved_mx", kernel, x2d, topk_ids, w_gate_up_mx)
-    attrs = {**attrs, "qdq_weights": np.int32(qdq_weights)} if attrs else attrs
+    attrs["qdq_weights"] = np.int32(qdq_weights)  # what the call computes from, not tuning
     return _call("mok_moe_bwd_saved_mx", _backward_outs(x2d, topk_weights, w_gate_up_mx,
                                                         w_down_mx),
                  dy_mx, dy, x2d, topk_ids, topk_weights, w_gate_up_mx, w_down_mx, h, attrs=attrs)

@@ -120,9 +120,7 @@ def routed_experts_fp8_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_d
 def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe, save,
                   weight_grads):
     del w_gate_up, w_down, weight_grads
-    if not prepared.backward:
-        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
-                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
+    prepared.require_backward()
     x_q = targets.quantize_rows(x2d, recipe)
     wgu = _pair(prepared.gate_up)
     y, h = targets.fp8_forward(x_q, topk_ids, topk_weights, wgu, _pair(prepared.down), recipe,
@@ -155,29 +153,20 @@ _MX = "mxfp8"
 _MX_KERNEL = KernelTuning()
 
 
-def _mx_forward_weights(w_gate_up, w_down, dtype):
-    """The forward's operands: deq(Q(.)) along H / F; quantize_params' QuantizedWeights (those
-    layouts) dequantized."""
-    return tuple(w.dequantize(dtype) if isinstance(w, QuantizedWeight) else targets.mx_qdq(w, 1)
-                 for w in (w_gate_up, w_down))
-
-
 @jax.custom_vjp
 def routed_experts_mx_bf16_cuda(x2d, topk_ids, topk_weights, w_gate_up, w_down):
     """The mxfp8 layer on the BF16 kernels (block comment above): ``y [T, H]`` bf16 from bf16
-    ``x2d`` and array weights, the values of :func:`jax_mok.quantization.layer.routed_experts_fp8`
-    with ``recipe="mxfp8"``, ``weight_grads="unquantized"`` up to float32 summation order."""
-    wgu, wd = _mx_forward_weights(w_gate_up, w_down, x2d.dtype)
-    y, _ = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights, wgu, wd,
-                              False)
+    ``x2d`` and array weights (pre-quantized ones take the FP8 kernels), the values of
+    :func:`jax_mok.quantization.layer.routed_experts_fp8` with ``recipe="mxfp8"``,
+    ``weight_grads="unquantized"`` up to float32 summation order."""
+    y, _ = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
+                              targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1), False)
     return y
 
 
 def _mx_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down):
-    _check_trainable(w_gate_up, w_down)
-    wgu, wd = _mx_forward_weights(w_gate_up, w_down, x2d.dtype)
-    y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights, wgu, wd,
-                              True)
+    y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
+                              targets.mx_qdq(w_gate_up, 1), targets.mx_qdq(w_down, 1), True)
     # The backward makes its layouts from the weights (alive anyway), one at a time in its
     # scratch: no residual copy, one weight-sized layout held at once.
     return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, h)
@@ -211,9 +200,7 @@ def routed_experts_mx_bf16_prepared_cuda(x2d, topk_ids, topk_weights, w_gate_up,
 
 def _mx_prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared):
     del w_gate_up, w_down
-    if not prepared.backward:
-        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
-                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
+    prepared.require_backward()
     y, h = targets.mx_forward(_MX_KERNEL, targets.mx_qdq(x2d, 1), topk_ids, topk_weights,
                               prepared.gate_up, prepared.down, True)
     return y, (x2d, topk_ids, topk_weights, prepared.gate_up_t, prepared.down_t, h)
@@ -277,7 +264,9 @@ def routed_experts_fp8(x2d: jax.Array, topk_ids: jax.Array, topk_weights: jax.Ar
         implementation == "ffi" and jax.default_backend() == "gpu")
     if on_gpu:
         reason = cuda_limits(x2d.shape[-1], w_down.shape[-2], w_down.shape[0])
-        bf16_path = (reason is None and recipe == _MX
+        # Pre-quantized weights (quantize_params, inference) stay on the FP8 kernels, which read
+        # their E4M3 bytes as they are (dequantizing them would cost a weight-sized pass a call).
+        bf16_path = (reason is None and recipe == _MX and not isinstance(w_gate_up, QuantizedWeight)
                      and mx_bf16_limits(x2d.dtype, weight_grads) is None)
         form = "fp8" if prepared is None else prepared.form
         # (Where the pure-JAX layer runs instead, it reads either form.)

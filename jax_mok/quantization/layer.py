@@ -332,9 +332,7 @@ def _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, 
 
 def _prepared_fwd(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe,
                   weight_grads):
-    if not prepared.backward:
-        raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward layouts "
-                        "only; make them with jax_mok.fp8_weights(params) to differentiate")
+    prepared.require_backward()
     y = _experts_prepared(x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared, recipe)
     return y, (x2d, topk_ids, topk_weights, w_gate_up, w_down, prepared)
 

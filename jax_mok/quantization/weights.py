@@ -71,6 +71,13 @@ class Fp8Weights:
         """Whether the layouts the backward reads are held (differentiable use)."""
         return self.gate_up_t is not None and self.down_t is not None
 
+    def require_backward(self) -> None:
+        """Raises TypeError unless the backward's layouts are held (a differentiated call)."""
+        if not self.backward:
+            raise TypeError("jax_mok: fp8_weights made with backward=False hold the forward "
+                            "layouts only; make them with jax_mok.fp8_weights(params) to "
+                            "differentiate")
+
     def nbytes(self) -> int:
         """Device bytes of every layout (values and scales)."""
         leaves = jax.tree_util.tree_leaves(self)
