@@ -53,3 +53,66 @@ def test_overlapping_calls_cannot_be_cut():
     # two "calls" whose kernels overlap into one busy interval
     with pytest.raises(ValueError, match="1 busy intervals for 2 calls"):
         kt.timeline_stats([("a", 0, 10), ("b", 5, 10)], 2)
+
+
+def _host(t0: int) -> list[tuple[str, str, int, int]]:
+    """One call's host side, the device's first kernel at ``t0 + 0.5 ms`` (as in ``_call(t0 +
+    0.5 ms)``): the 0.1-ms return of the previous call's synchronization, then a 0.4-ms dispatch
+    with a 0.3-ms execute nested in it starting 0.4 ms before the kernel, and a 3.5-ms
+    synchronization starting 0.1 ms after it."""
+    return [("python", "sync_return", t0, MS // 10),
+            ("python", "PjitFunction(step)", t0 + MS // 10, 2 * MS // 5),
+            ("python", "Execute", t0 + MS // 5, 3 * MS // 10),
+            ("python", "block_until_ready", t0 + 3 * MS // 5, 7 * MS // 2)]
+
+
+def test_host_windows_lead_and_top_names():
+    """Calls cut as timeline_stats cuts them; each call's host window runs from the previous
+    call's last kernel end (the first one's from -inf) to its own; the lead runs from the call's
+    PjitFunction to its first kernel, and the names' times are medians of the per-call sums,
+    nested events counted in full."""
+    starts = [0, 10 * MS, 17 * MS]  # the calls' host starts; their kernels start 0.5 ms later
+    device = [ev for t in starts for ev in _call(t + MS // 2)]
+    # the first call's host also started the trace 2 ms earlier
+    host = [("python", "start_trace", -2 * MS, MS)] + [ev for t in starts for ev in _host(t)]
+    # after the last call's kernels end (3.775 ms after its start): outside every window
+    host.append(("python", "stop_trace", 17 * MS + 3_800_000, MS))
+    # a second thread, during the second call's kernels: in its window, after its lead
+    host.append(("tf_pool", "Await", 11 * MS, MS // 4))
+    st = kt.host_stats(list(reversed(host)), device, 3)
+    assert st["lead_ms"] == pytest.approx(0.4)
+    assert st["lead_event"] == "PjitFunction(step)"
+    # kernels 0.5-3.775, 10.5-13.775, 17.5-20.775 ms: idle 6.725 and 3.725 ms between them
+    assert st["between_ms"] == pytest.approx(5.225)
+    assert st["host_top"] == [(pytest.approx(3.5), "block_until_ready"),
+                              (pytest.approx(0.4), "PjitFunction(step)"),
+                              (pytest.approx(0.3), "Execute"),
+                              (pytest.approx(0.1), "sync_return")]  # Await, start_trace: median 0
+    # from any event: the first after the previous call's kernels (the first call's, start_trace)
+    st = kt.host_stats(host, device, 3, call_event="")
+    assert st["lead_ms"] == pytest.approx(0.5)  # leads 2.5, 0.5, 0.5
+    assert st["lead_event"] == "sync_return"
+
+
+def test_host_lead_is_none_without_a_call_event_before_the_kernels():
+    """A call with no PjitFunction starting before its first kernel has no lead; one call has no
+    idle time between calls; the device events' cut errors come through."""
+    st = kt.host_stats([("python", "PjitFunction(step)", 2 * MS, MS)], _call(0), 1)
+    assert st["lead_ms"] is None and st["lead_event"] is None and st["between_ms"] is None
+    assert st["host_top"] == [(pytest.approx(1.0), "PjitFunction(step)")]
+    with pytest.raises(ValueError, match="device events for 5 calls"):
+        kt.host_stats([], _call(0), 5)
+
+
+def test_host_lead_medians_only_the_calls_that_have_one():
+    """Calls without a PjitFunction before their first kernel are left out of the lead's median;
+    with ``call_event=""`` the earliest event on any thread after the previous call's kernels
+    ended gives the lead."""
+    device = _call(0) + _call(10 * MS)  # the first call's kernels end at 3.275 ms
+    host = [("python", "PjitFunction(step)", 9 * MS, MS), ("tf_pool", "Await", 4 * MS, MS // 4)]
+    st = kt.host_stats(host, device, 2)
+    assert st["lead_ms"] == pytest.approx(1.0)  # the second call's; the first has none
+    assert st["lead_event"] == "PjitFunction(step)"
+    st = kt.host_stats(host, device, 2, call_event="")
+    assert st["lead_ms"] == pytest.approx(6.0)  # the second call's, from Await at 4 ms
+    assert st["lead_event"] == "Await"

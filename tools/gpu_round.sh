@@ -27,6 +27,8 @@
 #   suite    the whole single-GPU suite in two processes on GPU 0 (each with 40 % of its memory):
 #            the FP8 tests (test_cuda_fp8*.py, test_fp8_weights.py) beside every other GPU-marked
 #            test that needs one GPU, SUITE_TIMEOUT (300 s) each
+#   tests    pytest $TESTS (test files and options, e.g. "tests/test_cuda_mx_bf16.py -k dh"),
+#            TESTS_TIMEOUT (200 s)
 #   fp8w     the expert-weight quantizer's bit tests and tests/test_fp8_weights.py (fp8_weights on
 #            the CUDA path: values and gradients equal the plain call's)
 #   quant    tools/kernel_timings.py quantizers (the CUDA quantizers' GB/s against the HBM copy)
@@ -196,6 +198,9 @@ for s in ${STEPS//,/ }; do
       note "suite rest: rc=$rb $(tail -1 "$OUT/suite_rest.log")"
       grep -E "^FAILED|^ERROR" "$OUT/suite_fp8.log" "$OUT/suite_rest.log" | head -20
       note "suite: $(( $(date +%s) - t )) s"
+      ;;
+    tests)
+      JAX_MOK_REQUIRE_CUDA=1 run tests ${TESTS_TIMEOUT:-200} $PYTEST ${TESTS:?tests: set TESTS}
       ;;
     fp8w)
       JAX_MOK_REQUIRE_CUDA=1 run fp8w_tests ${FP8W_TIMEOUT:-240} $PYTEST \

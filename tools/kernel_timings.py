@@ -12,7 +12,7 @@
     python3 tools/kernel_timings.py quantizers --quantization fp8_block    # the quantizers' GB/s
     python3 tools/kernel_timings.py timeline --shapes S1,S2 [--quantization fp8_block]  # where a
         # synchronized fwd+bwd call's wall time goes: its kernels back to back (jax.profiler
-        # trace), the idle time between them, and what lies outside them
+        # trace), the idle time between them, and what lies outside them (the host's events)
     python3 tools/kernel_timings.py timings --quantization fp8_block,mxfp8   # the FP8 layer:
         # fwd (weights quantized inside), fwd with pre-quantized weights, fwd+bwd; against the
         # FP8 matmul ceiling. ``profile`` / ``forward`` take --quantization too (one recipe).
@@ -27,6 +27,7 @@ its pure-JAX definition, and the table says which of the two ran.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import functools
 import os
@@ -386,20 +387,16 @@ def profile(shapes: list[str], quantization: str = "none") -> None:
         del x, ids, w, wgu, wd, dy, fb
 
 
-def timeline_stats(events: list[tuple[str, int, int]], calls: int) -> dict:
-    """What ``calls`` synchronized calls' device events ``(name, start_ns, duration_ns)`` say.
-    The events' union is a list of busy intervals; it is cut into ``calls`` groups at the
-    ``calls - 1`` widest gaps between intervals (each call waits for the host before the next),
-    and per call (medians over the groups) ``span_ms`` (first start to last end), ``busy_ms``
-    (the intervals' length), ``idle_ms`` (span - busy: the device waiting inside a call),
-    ``largest_gap_us``; ``events_per_call``; ``kernels``: each event name's summed duration per
-    call (ms, largest first)."""
+def _call_intervals(events: list[tuple[str, int, int]], calls: int) -> list[list[list[int]]]:
+    """The union of the device events' ``(name, start_ns, duration_ns)`` intervals (busy
+    intervals, in order) cut into ``calls`` groups at the ``calls - 1`` widest gaps between them:
+    each synchronized call waits for the host before the next, so its gaps are the widest."""
     if calls < 1:
         raise ValueError("calls must be >= 1")
     evs = sorted((start, start + dur) for _, start, dur in events if dur >= 0)
     if len(evs) < calls:
         raise ValueError(f"{len(evs)} device events for {calls} calls")
-    busy = [list(evs[0])]  # the union of the events' intervals, in order
+    busy = [list(evs[0])]
     for start, stop in evs[1:]:
         if start > busy[-1][1]:
             busy.append([start, stop])
@@ -410,22 +407,81 @@ def timeline_stats(events: list[tuple[str, int, int]], calls: int) -> dict:
     gaps = [busy[i + 1][0] - busy[i][1] for i in range(len(busy) - 1)]
     cuts = sorted(sorted(range(len(gaps)), key=gaps.__getitem__)[len(gaps) - (calls - 1):])
     bounds = [0, *(i + 1 for i in cuts), len(busy)]
-    groups = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [busy[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def timeline_stats(events: list[tuple[str, int, int]], calls: int) -> dict:
+    """What ``calls`` synchronized calls' device events ``(name, start_ns, duration_ns)`` say.
+    The events' busy intervals are cut into calls (:func:`_call_intervals`), and per call
+    (medians over the calls) ``span_ms`` (first start to last end), ``busy_ms`` (the intervals'
+    length), ``idle_ms`` (span - busy: the device waiting inside a call), ``largest_gap_us``;
+    ``events_per_call``; ``kernels``: each event name's summed duration per call (ms, largest
+    first)."""
+    per_call = _call_intervals(events, calls)
     med = statistics.median
-    spans = [busy[b - 1][1] - busy[a][0] for a, b in groups]
-    lengths = [sum(e - s for s, e in busy[a:b]) for a, b in groups]
+    spans = [c[-1][1] - c[0][0] for c in per_call]
+    lengths = [sum(e - s for s, e in c) for c in per_call]
     per_name: dict[str, float] = {}
     for name, _, dur in events:
         per_name[name] = per_name.get(name, 0.0) + dur
     return {
         "calls": calls,
-        "events_per_call": len(evs) / calls,
+        "events_per_call": sum(dur >= 0 for _, _, dur in events) / calls,
         "span_ms": med(spans) / 1e6,
         "busy_ms": med(lengths) / 1e6,
         "idle_ms": med([s - n for s, n in zip(spans, lengths, strict=True)]) / 1e6,
-        "largest_gap_us": med([max(gaps[a:b - 1], default=0) for a, b in groups]) / 1e3,
+        "largest_gap_us": med([max((b[0] - a[1] for a, b in zip(c, c[1:], strict=False)),
+                                   default=0) for c in per_call]) / 1e3,
         "kernels": sorted(((ns / calls / 1e6, name) for name, ns in per_name.items()),
                           reverse=True),
+    }
+
+
+def host_stats(host_events: list[tuple[str, str, int, int]],
+               device_events: list[tuple[str, int, int]], calls: int,
+               call_event: str = "PjitFunction") -> dict:
+    """Where the host's time goes around ``calls`` synchronized calls, from host events ``(line,
+    name, start_ns, duration_ns)`` (:func:`_host_events`) and the device events that
+    :func:`timeline_stats` reads, on the trace's one clock. The device events are cut into calls
+    as there; call i's host window is (end of call i-1's last device interval, end of call i's
+    last device interval] (the first call's opens at -inf). Per call, medians over the calls:
+    ``lead_ms``: call i's first device start minus the start of the earliest host event in its
+    window, before that device start, whose name starts with ``call_event`` (a jitted call's
+    dispatch, ``PjitFunction(step)``): how long the host worked on the call before the device
+    started. Calls without one are left out (None where all are). ``call_event=""`` takes any
+    event, the first after the previous call's kernels ended, on any thread: the previous call's
+    return from synchronization then counts too, and the first call's lead holds what the trace
+    recorded before it. ``lead_event``: the name the lead was taken from in the most calls.
+    ``between_ms``: the device's idle time from a call's last kernel to the next call's first
+    (None with one call): the next call's lead plus this call's return and the loop between calls.
+    ``host_top``: per event name, the summed duration of the events that start in the window
+    ((ms, name), largest first, 0 ms left out). Nested events (a PjitFunction around its
+    execution) each count in full, so the names' times overlap and may add up to more than the
+    wall time."""
+    windows = [(c[0][0], c[-1][1]) for c in _call_intervals(device_events, calls)]
+    evs = sorted((start, dur, name) for _, name, start, dur in host_events)
+    starts = [start for start, _, _ in evs]
+    leads, names, sums = [], [], []
+    prev_end = float("-inf")
+    for first, end in windows:
+        i, j = bisect.bisect_right(starts, prev_end), bisect.bisect_left(starts, first)
+        lead = next(((s, n) for s, _, n in evs[i:j] if n.startswith(call_event)), None)
+        if lead is not None:
+            leads.append(first - lead[0])
+            names.append(lead[1])
+        per_name: dict[str, int] = {}
+        for _, dur, name in evs[i:bisect.bisect_right(starts, end)]:
+            per_name[name] = per_name.get(name, 0) + dur
+        sums.append(per_name)
+        prev_end = end
+    med = statistics.median
+    between = [b[0] - a[1] for a, b in zip(windows, windows[1:], strict=False)]
+    top = ((med([s.get(n, 0) for s in sums]) / 1e6, n) for n in set().union(*sums))
+    return {
+        "lead_ms": med(leads) / 1e6 if leads else None,
+        "lead_event": statistics.mode(names) if names else None,
+        "between_ms": med(between) / 1e6 if between else None,
+        "host_top": sorted((t for t in top if t[0] > 0), reverse=True),
     }
 
 
@@ -450,6 +506,24 @@ def _device_events(trace_dir: str) -> list[tuple[str, int, int]]:
     return out
 
 
+def _host_events(trace_dir: str) -> list[tuple[str, str, int, int]]:
+    """``(line, name, start_ns, duration_ns)`` of every event on the host planes (``/host:CPU``;
+    on a GPU also CUPTI's CUDA API calls) of the newest trace under ``trace_dir``: a line per
+    thread, e.g. ``python`` (PjitFunction, ExecuteHelper, the Python tracer's ``$file:line
+    function`` frames) and the XLA thread pools' ``tf_XLA...``. Its timestamps share the device
+    events' clock (both count from the trace's start)."""
+    from benchmarks.e2e.breakdown import latest_profile
+
+    data, _ = latest_profile(trace_dir)
+    out = [(line.name, ev.name, int(ev.start_ns), int(ev.duration_ns))
+           for plane in data.planes if plane.name.startswith("/host:")
+           for line in plane.lines for ev in line.events]
+    if not out:
+        raise ValueError("no host events in the trace; its planes: "
+                         + ", ".join(plane.name for plane in data.planes))
+    return out
+
+
 def _short(name: str, width: int = 70) -> str:
     """A kernel's mangled name cut to what tells kernels apart (their function and first template
     arguments)."""
@@ -463,7 +537,9 @@ def timeline(shapes: list[str], quantization: str = "none", calls: int = 5) -> N
     the kernels' span and busy time per call, the device's idle time inside a call, and each
     kernel's time. wall - span is host dispatch and synchronization; idle is the device waiting
     between kernels; a kernel slower here than in ``profile`` (which serializes the phases) ran
-    slower back to back."""
+    slower back to back. The ``host`` lines read the same trace's host threads
+    (:func:`host_stats`): the host's lead before each call's first kernel and what it spends its
+    time on around a call."""
     import tempfile
 
     for name in shapes:
@@ -476,7 +552,12 @@ def timeline(shapes: list[str], quantization: str = "none", calls: int = 5) -> N
             with jax.profiler.trace(d):
                 for _ in range(calls):
                     jax.block_until_ready(fb(x, w, wgu, wd))
-            st = timeline_stats(_device_events(d), calls)
+            device = _device_events(d)
+            st = timeline_stats(device, calls)
+            try:
+                host: dict | str = host_stats(_host_events(d), device, calls)
+            except ValueError as e:  # the device part stands without it
+                host = str(e)
         label = name if quantization == "none" else f"{name}:{quantization}"
         print(f"timeline {label}: wall {wall:.3f} ms, back to back {b2b:.3f} ms per call; trace: "
               f"span {st['span_ms']:.3f} ms, busy {st['busy_ms']:.3f}, idle inside "
@@ -484,6 +565,15 @@ def timeline(shapes: list[str], quantization: str = "none", calls: int = 5) -> N
               f"{st['events_per_call']:.0f} events a call)", flush=True)
         for ms, kernel in st["kernels"][:14]:
             print(f"  {ms:8.3f} ms  {_short(kernel)}", flush=True)
+        if isinstance(host, str):
+            print(f"  host: {host}", flush=True)
+        else:
+            fmt = lambda v: "-" if v is None else f"{v:.3f} ms"
+            print(f"  host lead {fmt(host['lead_ms'])} from {host['lead_event']} to the first "
+                  f"kernel; device idle between calls {fmt(host['between_ms'])}; host events per "
+                  "call (nested ones counted in each):", flush=True)
+            for ms, event in host["host_top"][:20]:
+                print(f"  host {ms:8.3f} ms  {event[:70]}", flush=True)
         del x, ids, w, wgu, wd, dy, fb
 
 
