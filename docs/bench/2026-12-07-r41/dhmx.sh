@@ -2,7 +2,8 @@
 # r41 call 3 on any one GPU: mxfp8's dh made by dy·Wd^T's epilogue (kSwiGLUBwdMx) against the
 # qdq pass it replaces, and the timeline's host side:
 #   carry [".device/ext-main", ".device/ext-dhmx", ".whl"]
-#   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT [BODY_S=560] [SHAPES=S1,S6,S3] [TL_SHAPES=S1,S6] bash docs/bench/2026-12-07-r41/dhmx.sh
+#   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT [BODY_S=560] [SHAPES=S1,S6,S3] [TL_SHAPES=S1,S6] [TL_QUANT="none mxfp8"]
+#   [STEPS=ab,profab,tests,timeline] bash docs/bench/2026-12-07-r41/dhmx.sh
 # ext-main: main's default build (md5 225fa41d); ext-dhmx: the head's (tools/build_ext.sh dhmx),
 # whose other 87 kernels' PTX is main's (tools/ptx_compare.py).
 # Predictions:
@@ -17,7 +18,7 @@ set -uo pipefail
 ROUND_TAG=dhmx OUT=$OUT EXT_DIR=.device/ext-main JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:-} \
   AB_BASE=.device/ext-main AB_DEV=.device/ext-dhmx AB_TIMEOUT=110 AB_SHAPES=${SHAPES:-S1,S6,S3} \
   AB_QUANT=mxfp8 PROFILE_TIMEOUT=75 TESTS="tests/test_cuda_mx_bf16.py tests/test_cuda_fp8.py -k mx" \
-  TESTS_TIMEOUT=150 PROFILE_SHAPES=${TL_SHAPES:-S1,S6} PROFILE_QUANT="none mxfp8" \
-  timeout ${BODY_S:-560} tools/gpu_round.sh ab,profab,tests,timeline
+  TESTS_TIMEOUT=150 PROFILE_SHAPES=${TL_SHAPES:-S1,S6} PROFILE_QUANT="${TL_QUANT:-none mxfp8}" \
+  timeout ${BODY_S:-560} tools/gpu_round.sh ${STEPS:-ab,profab,tests,timeline}
 echo "body rc=$?"
 OUT=$OUT bash tools/pack_out.sh
