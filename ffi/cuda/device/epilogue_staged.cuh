@@ -201,34 +201,6 @@ __device__ __forceinline__ void st_shared16(uint32_t addr, const uint4& v) {
                : "memory");
 }
 
-// One pass's 64 x 64 bf16 values of a buffer, replaced in place by deq(Q(.)) of mxfp8 along the
-// columns (blocks of 32), each thread reading and writing only its own fragment's elements (the
-// 32 values at fo's offsets: 2 rows x 2 blocks, glu_staged's layout). The values are the bf16 ones
-// the buffer holds, so the result is bitwise mx_qdq_kernel's on the stored rows. Elements of rows
-// or columns outside the problem hold zeros (h's zero fill, never overwritten) and only ever share
-// a block with each other (F % 32 == 0), which is never stored.
-__device__ __forceinline__ void mx_qdq_fragments(uint32_t buf, const FragOffsets& fo) {
-  float2 v[16];
-  float m[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // [row][block]
-#pragma unroll
-  for (int l = 0; l < 32; l += 2) {
-    v[l / 2] = ld_shared_pair(buf + fo.at((l >> 1) & 1, (l >> 2) & 7));
-    float& mb = m[(l >> 1) & 1][l >> 4];
-    mb = fp8::amax_combine(fp8::amax_combine(mb, v[l / 2].x), v[l / 2].y);
-  }
-  fp8::BlockScale bs[2][2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      bs[r][b] = fp8::block_scale<fp8::Recipe::kMx>(fp8::quad_amax(m[r][b]));
-#pragma unroll
-  for (int l = 0; l < 32; l += 2) {
-    const float2 q = fp8::mx_qdq_pair(v[l / 2], bs[(l >> 1) & 1][l >> 4]);
-    st_shared_pair(buf + fo.at((l >> 1) & 1, (l >> 2) & 7), q.x, q.y);
-  }
-}
-
 // kSwiGLUBwd (acc = g = dy @ Wd^T over BN columns of F): per pass h's gate and up arrive in
 // buffers 0 and 1, dh_gate and dh_up overwrite them in place (each thread reads and writes only
 // its own fragment's elements), w*a goes to buffer 2; then all three leave as rows. Pass 0's h
@@ -236,9 +208,7 @@ __device__ __forceinline__ void mx_qdq_fragments(uint32_t buf, const FragOffsets
 // is visible, stays in flight through that pass's math and stores, and is written into the freed
 // buffers after its copy-out — so no pass waits a whole L2/HBM round trip with nothing else in
 // flight (each pass waiting for its own h left four such waits a tile exposed).
-// kMx (kSwiGLUBwdMx): after dh's copy-out each thread turns its own dh values in buffers 0 and 1
-// into deq(Q(.)) in place (mx_qdq_fragments) and the buffers leave once more, into p.out3.
-template <int BN, bool kMx = false, class Acc>
+template <int BN, class Acc>
 __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, const EpiBuffers& eb) {
   const int F = p.N, row_base = 64 * wg;
@@ -286,20 +256,6 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
       copy16(dh + at * 2 * F + F + f, eb.buf[1] + off);
       copy16(aw_out + at * F + f, eb.buf[2] + off);
     });
-    if constexpr (kMx) {
-      warpgroup_sync(wg);  // the copy-out has read dh's bf16 values from buffers 0 and 1
-      mx_qdq_fragments(eb.buf[0], fo);
-      mx_qdq_fragments(eb.buf[1], fo);
-      warpgroup_sync(wg);
-      bf16* dh_mx = static_cast<bf16*>(p.out3);
-      for_each_chunk(t, [&](int r, int chunk, uint32_t off) {
-        const int row = row_base + r, f = f0 + 8 * chunk;
-        if (row >= w.rows || f >= F) return;
-        const int64_t at = w.row0 + row;
-        copy16(dh_mx + at * 2 * F + f, eb.buf[0] + off);
-        copy16(dh_mx + at * 2 * F + F + f, eb.buf[1] + off);
-      });
-    }
     warpgroup_sync(wg);
     if (pass + 1 < BN / 64) {  // the chunks for_each_chunk gives this thread, rows t / 8 + 16 j
       const uint32_t off0 = chunk_offset(t);

@@ -151,10 +151,9 @@ cudaError_t launch_quantize_rows(const T* src, int rows, const int* rows_limit, 
 
 // deq(Q(src)) of mxfp8 in bf16 (mx_qdq_pair): src and dst hold `blocks` blocks of 32
 // consecutive elements (the rows of a [rows][C] matrix with C % 32 == 0, in row order), one
-// block per thread. mxfp8 through the BF16 GEMMs: x, dy and the weights along their rows (the
-// backward's dh is made by dy·Wd^T's epilogue instead, bitwise this kernel's: mx_qdq_fragments).
-// src is read once: evict-first. (A template: one definition across the translation units that
-// include this header.)
+// block per thread. mxfp8 through the BF16 GEMMs: the backward's dh as dh·Wgu^T reads it (dh
+// itself stays the dWgu operand). src is read once: evict-first. (A template: one definition
+// across the translation units that include this header.)
 template <class T>
 __global__ void __launch_bounds__(256)
     mx_qdq_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t blocks) {

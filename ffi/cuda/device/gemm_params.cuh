@@ -31,17 +31,10 @@ enum class Epi {
   // down GEMM's BF16 operand holds exactly the E4M3 x 2^e values the FP8 down GEMM would read.
   kSwiGLUMx,
   kSwiGLUSaveMx,
-  // kSwiGLUBwd, and dh once more as deq(Q(dh)) along 2F into `out3` (dh·Wgu^T's A; dh itself
-  // stays dWgu's operand), quantized from dh's bf16 values as mx_qdq_kernel would.
-  kSwiGLUBwdMx,
 };
 
 // The gate/up epilogues whose `a` is mxfp8-quantized-dequantized (wgmma, bf16 only).
 constexpr bool IsMxGlu(Epi e) { return e == Epi::kSwiGLUMx || e == Epi::kSwiGLUSaveMx; }
-// Every mx epilogue (held-stage epilogues of the bf16 wgmma kernel only).
-constexpr bool IsMx(Epi e) { return IsMxGlu(e) || e == Epi::kSwiGLUBwdMx; }
-// dy·Wd^T's epilogues (swiglu_bwd_staged).
-constexpr bool IsSwiGLUBwd(Epi e) { return e == Epi::kSwiGLUBwd || e == Epi::kSwiGLUBwdMx; }
 
 struct GemmParams {
   // routing (device arrays)
@@ -84,9 +77,6 @@ struct GemmParams {
   // [a_rows][N]), host/tma.h
   alignas(64) CUtensorMap tmap_b;
   int64_t a_rows;  // rows of the A allocation (T*k for the activations): the tensor maps' bound
-  // kSwiGLUBwdMx: [P, 2F] deq(Q(dh)). Here, in the padding before tmap_a, so that adding it moved
-  // no other field (every other kernel's parameter layout is unchanged).
-  void* out3;
   // wgmma path with A not gathered: the 2-D tensor map of A, [a_rows][K] (routed-K: [a_rows][M])
   alignas(64) CUtensorMap tmap_a;
   // wgmma path, staged row outputs: `out` as a 3-D tensor map in 64 x 64 boxes (routed-M:

@@ -369,9 +369,9 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
   const int total = total_tiles<kMode>(p, s_prefix);
   // The SwiGLU epilogues keep the tile's last stage as their buffers (epilogue_staged.cuh);
   // routed-M tiles have K > 0, so there is always one.
-  constexpr bool kHeld =
-      kMode != Mode::kRoutedK && (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
-                                  kEpi == Epi::kStoreGLU || IsSwiGLUBwd(kEpi) || IsMxGlu(kEpi));
+  constexpr bool kHeld = kMode != Mode::kRoutedK &&
+                         (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave ||
+                          kEpi == Epi::kStoreGLU || kEpi == Epi::kSwiGLUBwd || IsMxGlu(kEpi));
   PipelineState<kStages> pipe;
   const bool dynamic = kMode != Mode::kRoutedK && p.tile_counter != nullptr;
   PipelineState<kTileRing> walk;
@@ -380,7 +380,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
         dynamic ? next_tile(ring, walk) : static_cast<int>(blockIdx.x + it * gridDim.x);
     if (tile < 0 || tile >= total) break;
     const WorkTile w = decode_tile<kMode>(p, tile, s_prefix, s_offset);
-    if constexpr (IsSwiGLUBwd(kEpi)) prefetch_h_to_l2<BN>(p, w, wg - 1, t);
+    if constexpr (kEpi == Epi::kSwiGLUBwd) prefetch_h_to_l2<BN>(p, w, wg - 1, t);
     clear(acc);
     int prev = -1;
     for (int k0 = 0; k0 < w.k_len; k0 += BK) {
@@ -439,8 +439,8 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       const uint32_t sb = smem_u32(ring_b) + prev * Cfg::kStageBytesB;
       const EpiBuffers eb = held_buffers(sa, sb, sb + 16384, wg - 1);
       auto value = [&](int i) { return acc(i); };
-      if constexpr (IsSwiGLUBwd(kEpi))
-        swiglu_bwd_staged<BN, kEpi == Epi::kSwiGLUBwdMx>(p, w, value, wg - 1, t, eb);
+      if constexpr (kEpi == Epi::kSwiGLUBwd)
+        swiglu_bwd_staged<BN>(p, w, value, wg - 1, t, eb);
       else
         glu_staged<kEpi, BN>(p, w, value, wg - 1, t, eb);
       release_held_stage(&empty[prev], wg - 1, t);
@@ -452,7 +452,7 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       store_rows_staged<kEpi, BN, true, kWhole>(
           p, w, [&](int i) { return acc(i); }, wg - 1, t,
           smem_u32(out_stage) + (wg - 1) * (kStagingBytes<kMode, kStagedOut> / 2));
-    } else if constexpr (!IsMx(kEpi)) {  // (the mx epilogues are all held)
+    } else if constexpr (!IsMxGlu(kEpi)) {  // (the mx epilogues are held: glu_staged)
       run_epilogue<bf16, kEpi, BN>(p, w, [&](int i) { return acc(i); }, wg - 1, t);
     }
   }

@@ -128,8 +128,7 @@ cudaError_t LaunchWgmma(const GemmParams& p, const Plan& plan, cudaStream_t stre
 }
 
 // The routed-M wgmma GEMM. How A arrives depends on the epilogue:
-//   kSwiGLU, kSwiGLUSave and their Mx kinds (forward gate/up), kSwiGLUBwd[Mx] (dy·Wd^T): by TMA
-//   when
+//   kSwiGLU, kSwiGLUSave and their Mx kinds (forward gate/up), kSwiGLUBwd (dy·Wd^T): by TMA when
 //     x / dy was copied into expert order (Plan::pregather_x), else gathered row by row by
 //     cp.async;
 //   kStoreGLU (the backward's recompute of h): by cp.async (its TMA-A variant has not run on a
@@ -142,7 +141,7 @@ cudaError_t LaunchRoutedM(GemmParams& p, const GemmNames& names, const Plan& pla
   if constexpr (kEpi == Epi::kStoreGLU) {
     return LaunchWgmma<kMode, kEpi, false>(p, plan, stream);
   } else {
-    if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave || IsSwiGLUBwd(kEpi) ||
+    if constexpr (kEpi == Epi::kSwiGLU || kEpi == Epi::kSwiGLUSave || kEpi == Epi::kSwiGLUBwd ||
                   IsMxGlu(kEpi)) {
       if (p.a_gather != nullptr) return LaunchWgmma<kMode, kEpi, false>(p, plan, stream);
     }
@@ -182,7 +181,7 @@ ffi::Error RunGemm(const GemmNames& names, GemmParams p, const Plan& plan, cudaS
     }
   }
 #endif
-  if constexpr (IsMx(kEpi)) {  // the mx epilogues exist on the bf16 wgmma path only
+  if constexpr (IsMxGlu(kEpi)) {  // the mx epilogues exist on the bf16 wgmma path only
     return ffi::Error::InvalidArgument(std::string("jax_mok: ") + names.phase +
                                        " needs the bf16 wgmma kernels (sm_90a, bf16 x)");
   } else {

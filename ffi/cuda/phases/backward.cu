@@ -30,7 +30,7 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
     const T* h;      // [P, 2F] gate/up pre-activations (saved by the forward, or recomputed)
     T* h_scratch;    // where the recompute writes h (nullptr when saved)
     T* dh;           // [P, 2F]
-    T* dh_mx;        // [P, 2F] deq(Q(dh)), dh·Wgu^T's A (mx only; dy·Wd^T's epilogue writes it)
+    T* dh_mx;        // [P, 2F] deq(Q(dh)), dh·Wgu^T's A (mx only)
     T* w_mx;         // [E, H, 2F]: w_down's, then w_gate_up's deq(Q(.)) (mx, qdq_weights only)
     T* aw;           // [P, F]  w · a
     T* dx_part;      // [P, H]
@@ -84,13 +84,13 @@ ffi::Error Backward(cudaStream_t stream, ffi::ScratchAllocator& scratch, const P
   }
   g2.b = b.w_mx ? b.w_mx : wd, g2.b_expert_stride = F * H, g2.ldb = H;
   g2.out = b.dh, g2.out2 = b.aw, g2.h = b.h, g2.dw_part = b.dw_part, g2.ldo = 2 * F;
-  g2.out3 = b.dh_mx;  // mx: deq(Q(dh)) written by the epilogue beside dh
-  const GemmNames g2_names{"dy Wd^T GEMM + SwiGLU bwd", "dy", "w_down"};
-  MOK_RETURN_IF_ERROR(
-      mx ? (RunGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwdMx>(g2_names, g2, plan, stream))
-         : (RunGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(g2_names, g2, plan, stream)));
+  MOK_RETURN_IF_ERROR((RunGemm<T, Mode::kRoutedBK, Epi::kSwiGLUBwd>(
+      {"dy Wd^T GEMM + SwiGLU bwd", "dy", "w_down"}, g2, plan, stream)));
 
   if constexpr (std::is_same_v<T, bf16>) {
+    if (mx)
+      MOK_RETURN_IF_ERROR(Stage("mxfp8 quantize-dequantize dh",
+                                fp8::launch_mx_qdq(b.dh, b.dh_mx, TK * 2 * F, stream), stream));
     if (b.w_mx)
       MOK_RETURN_IF_ERROR(Stage("mxfp8 quantize-dequantize w_gate_up along 2F",
                                 fp8::launch_mx_qdq(wgu, b.w_mx, E * H * 2 * F, stream), stream));
