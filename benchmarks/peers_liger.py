@@ -31,7 +31,14 @@ argument, as Triton's ``Autotuner`` builds its key. The search costs minutes per
     for the shape, from a search with the same liger-kernel, Triton and GPU, go into the kernels'
     ``cache`` before the first call (``b6_resumed`` in the record), so only the keys without a
     winner search (S2's forward search alone takes ~450 s: its fwd+bwd record then searches the
-    backward kernels only);
+    backward kernels only). A search cut short keeps what it found: while the first call runs,
+    the worker rewrites ``<out>/logs/<shape>-<attempt>.b6.json`` (:class:`Checkpoint`) each time
+    a kernel's key has its winner; where the worker dies inside the item (killed at
+    ``--item-timeout-s``, or crashed), the orchestrator puts those winners into the item's
+    record (``b6_partial``) and merges them into both configs files at once, so the next call
+    resumes from them. Such a partial record adds kernels, never a pass (``tuned`` still needs
+    a finished search of every pass). A run cut from outside leaves the file: ``record`` takes
+    it as it takes a ``results.json``;
   - ``full``: Liger's autotune runs during the first call of each shape (the untimed check call,
     whose duration is recorded as ``first_call_s``); give it ``--item-timeout-s`` to match;
   - ``pinned``: ``LIGER_FUSED_MOE_AUTOTUNE=0``, Liger's own switch that pins every kernel to one
@@ -80,11 +87,13 @@ Where liger_kernel is not importable, :func:`ensure_importable` installs a carri
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import glob
 import json
 import os
 import subprocess
 import sys
+import threading
 import types
 from collections.abc import Iterable, Sequence
 
@@ -104,6 +113,10 @@ CONFIGS_ABOUT = ("Liger-Kernel's own Triton autotune winners per benchmark shape
                  "python -m benchmarks.peers_liger record RESULTS.json...; format in "
                  "benchmarks/peers_liger.py. No shape until a GPU session has run the record mode.")
 CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+CHECKPOINT_INTERVAL_S = 5.0  # how often a searching call's checkpoint looks at the caches
+# the statuses of an item that never finished: its checkpoint's ("running") and the
+# orchestrator's for a worker killed at --item-timeout-s or crashed
+PARTIAL_STATUSES = ("running", "timeout", "crash")
 _printed: set[str] = set()  # warnings already printed by this process (one per shape)
 
 
@@ -242,14 +255,26 @@ def _candidate(tuner, recorded: dict):
     return next((c for c in tuner.configs if _matches(c, recorded)), None)
 
 
+def _snapshot(cache: dict) -> dict:
+    """A copy of an autotune ``cache`` that another thread may be adding to (the checkpoint
+    thread reads while Triton searches): ``dict(cache)`` copies in one C call under the GIL;
+    a resize seen mid-copy is retried."""
+    while True:
+        try:
+            return dict(cache)
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+
+
 def cache_keys(tuners: dict) -> dict[str, set]:
     """Each kernel's autotune cache keys now (to tell afterwards which kernels searched)."""
-    return {name: set(t.cache) for name, t in tuners.items()}
+    return {name: set(_snapshot(t.cache)) for name, t in tuners.items()}
 
 
 def searched(tuners: dict, before: dict[str, set]) -> dict[str, int]:
     """The kernels whose cache gained keys since ``before`` (they searched): how many keys."""
-    grown = {name: len(set(t.cache) - before.get(name, set())) for name, t in tuners.items()}
+    grown = {name: len(keys - before.get(name, set()))
+             for name, keys in cache_keys(tuners).items()}
     return {name: n for name, n in grown.items() if n}
 
 
@@ -260,7 +285,7 @@ def capture(tuners: dict) -> dict[str, dict]:
     out = {}
     for name, tuner in sorted(tuners.items()):
         winners = [{"key": [_jsonable(v) for v in key], "config": config_dict(cfg)}
-                   for key, cfg in tuner.cache.items()]
+                   for key, cfg in _snapshot(tuner.cache).items()]
         if not winners and getattr(tuner, "best_config", None) is not None:
             winners = [{"key": None, "config": config_dict(tuner.best_config)}]
         if winners:
@@ -334,6 +359,101 @@ def prefill(tuners: dict, kernels: dict) -> dict[str, list]:
                 tuner.cache[tuple(winner["key"])] = match
                 done.setdefault(name, []).append(list(winner["key"]))
     return done
+
+
+# ---------------------------------------------------------------------------------------------
+# A searching call's checkpoint: the winners found so far, in a file that outlives the worker
+# ---------------------------------------------------------------------------------------------
+
+
+class Checkpoint:
+    """Writes, while a searching first call runs, the winners its kernels have so far.
+
+    Triton's ``Autotuner`` puts a key's winner into ``cache`` once every candidate of that key
+    is benchmarked, so a key in ``cache`` is a finished search. ``start`` runs a thread that
+    looks at the caches every ``interval_s`` and, when a kernel has a key it had not at the last
+    write and that is not one of ``before`` (the keys given before the call), rewrites ``path``
+    atomically (a temporary file, then ``os.replace``: a kill leaves the last whole file). The
+    file is a results.json object whose one record is ``base`` (the item's record so far, with
+    its GPU) plus ``b6_configs`` / ``b6_searched`` as they stand, ``status`` "running" and
+    ``b6_partial`` true: what :func:`recorded_entries` takes from a cut search. ``stop`` (before
+    the check and the timed calls) ends the thread and writes once more; ``close`` removes the
+    file: the item's own record says everything once its worker gets to write it."""
+
+    THREAD_NAME = "b6-checkpoint"
+
+    def __init__(self, path: str, tuners: dict, base: dict, before: dict[str, set],
+                 interval_s: float | None = None):
+        self.path, self.tuners, self.base, self.before = path, tuners, dict(base), before
+        self.interval_s = CHECKPOINT_INTERVAL_S if interval_s is None else interval_s
+        self.written: dict[str, set] | None = None  # the caches' keys at the last write
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def write(self) -> bool:
+        """Rewrites the file where a kernel searched a key since the last write; True if so."""
+        # the keys first, then the capture: the file holds at least the keys remembered as
+        # written, so a key is never left out until the next new one
+        now = cache_keys(self.tuners)
+        grown = searched(self.tuners, self.before)
+        if not grown or now == self.written:
+            return False
+        record = {**self.base, "status": "running", "b6_partial": True,
+                  "b6_configs": capture(self.tuners), "b6_searched": grown}
+        date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        data = {"meta": {"date": date, "b6_checkpoint": "the winners of a search still running "
+                         "when written (benchmarks/peers_liger.py, Checkpoint)"},
+                "records": [record]}
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, self.path)
+        self.written = now
+        return True
+
+    def _try_write(self) -> None:
+        try:
+            self.write()
+        except Exception as error:  # noqa: BLE001 - a lost checkpoint must not end the item
+            say_once(f"B6: checkpoint {self.path} not written: {type(error).__name__}: {error}")
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._try_write()
+
+    def start(self) -> Checkpoint:
+        self._thread = threading.Thread(target=self._poll, name=self.THREAD_NAME, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ends the thread (at most a write's time), then writes what the call found."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._try_write()
+
+    def close(self) -> None:
+        self.stop()
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def read_checkpoint(path: str, key: str) -> dict | None:
+    """The partial record of item ``key`` in the checkpoint at ``path``; None where there is
+    none (the item searched nothing, its worker finished it, or the file is another item's)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return next((r for r in data.get("records", [])
+                 if r.get("key") == key and r.get("b6_partial")), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,7 +556,8 @@ class Plan:
 def select_mode(requested: str, key: str, problem: dict, passes: Sequence[str],
                 data: dict | None = None, path: str = CONFIGS_PATH) -> Plan:
     """The plan for one shape: ``requested`` as given, except ``tuned`` without a usable record
-    (the shape's key, its problem, every pass in ``passes``) in ``data`` (default: the file at
+    (the shape's key, its problem, every pass in ``passes``; a fwdbwd record covers fwd) in
+    ``data`` (default: the file at
     ``path``), which falls back to ``full`` with a warning."""
     _check_mode(requested)
     plan = Plan(requested, requested, key, path)
@@ -454,7 +575,10 @@ def select_mode(requested: str, key: str, problem: dict, passes: Sequence[str],
     if entry["problem"] != problem:
         return plan.fall_back(f"the configs in {_where(path)} were recorded for "
                               f"{entry['problem']}, this run has {problem}")
-    missing = [p for p in passes if p not in entry["passes"]]
+    # A fwd+bwd call runs the forward's kernels on the same autotune keys first, so its record
+    # covers the forward pass too (a kernel it lacks makes pin_recorded fall back).
+    covered = set(entry["passes"]) | ({"fwd"} if "fwdbwd" in entry["passes"] else set())
+    missing = [p for p in passes if p not in covered]
     if missing:
         return plan.fall_back(f"{_where(path)} has its configs for the {entry['passes']} "
                               f"pass(es) only, not {missing}")
@@ -512,10 +636,13 @@ def recorded_entries(records: Iterable[dict], date: str | None = None) -> dict[s
     """The file's entries from a run's records: every B6 record of a searching mode that was
     timed (its check passed) contributes the winners its autotuners held after the first call
     (a kernel's winners by key; later records win; the keys a resumed record was given from the
-    file, ``b6_resumed``, are not its own), and its pass."""
+    file, ``b6_resumed``, are not its own), and its pass. A partial record (``b6_partial``: a
+    :class:`Checkpoint` of an item that never finished) contributes its winners but not its
+    pass: its search may have left kernels or keys of the pass unsearched."""
     entries: dict[str, dict] = {}
     for r in records:
-        if (r.get("impl") != "B6" or r.get("status") != "ok"
+        partial = bool(r.get("b6_partial")) and r.get("status") in PARTIAL_STATUSES
+        if (r.get("impl") != "B6" or not (r.get("status") == "ok" or partial)
                 or r.get("b6_mode") not in SEARCH_MODES or not r.get("b6_configs")):
             continue
         problem = problem_of(r, r["dtype"])
@@ -526,7 +653,7 @@ def recorded_entries(records: Iterable[dict], date: str | None = None) -> dict[s
             "torch": r.get("torch"), "gpu": r.get("gpu_name"),
             "git_commit": r.get("git_commit"), "date": date, "kernels": {},
         })
-        if r["pass"] not in entry["passes"]:
+        if not partial and r["pass"] not in entry["passes"]:
             entry["passes"].append(r["pass"])
         entry["items"].append(r["key"])
         resumed = r.get("b6_resumed") or {}
@@ -601,7 +728,8 @@ def record_results(results: Iterable[dict], path: str = CONFIGS_PATH,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.peers_liger record RESULTS.json... [--configs PATH]``."""
+    """``python -m benchmarks.peers_liger record RESULTS.json... [--configs PATH]`` (a
+    checkpoint, ``<out>/logs/*.b6.json``, is read like a results.json)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.peers_liger",
@@ -609,7 +737,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "results.json of --b6-autotune full/record runs.")
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="merge the B6 winners of results.json files")
-    rec.add_argument("results", nargs="+", help="results.json files")
+    rec.add_argument("results", nargs="+",
+                     help="results.json files, or the checkpoints <out>/logs/*.b6.json of "
+                          "searches cut short")
     rec.add_argument("--configs", default=CONFIGS_PATH, help="the file to merge into")
     args = p.parse_args(argv)
     results = []
@@ -618,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(json.load(f))
     keys = record_results(results, args.configs)
     if not keys:
-        print("no B6 record of a full/record run with a passed check in "
+        print("no B6 record of a full/record run with a passed check or a checkpoint in "
               f"{', '.join(args.results)}: nothing recorded", file=sys.stderr)
         return 1
     print(f"recorded Liger's configs for {', '.join(keys)} in {args.configs}")

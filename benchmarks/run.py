@@ -217,6 +217,8 @@ class Orchestrator:
             "quick": a.quick, "deadline": deadline, "skip": skip, "events": events,
             "probe_tokens": 16 if a.quick else 48, "b6_autotune": a.b6_autotune,
             "b6_configs": a.b6_configs and os.path.abspath(a.b6_configs),
+            # beside the worker's event log: B6's searched winners so far (peers_liger.Checkpoint)
+            "b6_checkpoint": os.path.splitext(events)[0] + ".b6.json",
             "fp8_tolerance": a.fp8_tolerance, "run_start": self.start,
             # the first worker measures the ceilings before its items (one process less)
             "ceilings": not a.no_ceilings and self.ceilings is None,
@@ -265,6 +267,7 @@ class Orchestrator:
             if started is not None and started not in records:
                 item = next(i for i in items if i["key"] == started)
                 records[started] = _lost_item(item, rc, killed_key, log.name)
+                self._b6_partial(records[started], spec)
                 print(f"{started}: {records[started]['status']} (exit {rc}); log {log.name}:\n"
                       f"{_tail(log.name)}", flush=True)
             elif rc != RESTART_EXIT_CODE:
@@ -321,11 +324,44 @@ class Orchestrator:
                           if e["event"] == "record" and e["key"] == key), None)
             if fresh is None:
                 fresh = _lost_item(item, rc, killed_key, log.name)
+                self._b6_partial(fresh, spec)
             fresh.pop("event", None)
             fresh.update(retried_fresh=True, first_reason=first.get("reason", ""))
             if fresh.get("status") == "OOM":
                 fresh["reason"] = "in a fresh worker too: " + fresh.get("reason", "")
             records[key] = fresh
+
+    def _b6_partial(self, record: dict, spec: dict) -> None:
+        """A B6 item whose worker died inside it (killed at --item-timeout-s, or crashed): the
+        winners its checkpoint holds go into its record (``b6_partial``), and in record mode
+        into --b6-configs and ``<out>/b6_configs.json`` at once, so that the next call resumes
+        from them even where this run is cut before its end (peers_liger's docstring)."""
+        if record.get("impl") != "B6" or not spec.get("b6_checkpoint"):
+            return
+        from benchmarks import peers_liger
+
+        partial = peers_liger.read_checkpoint(spec["b6_checkpoint"], record["key"])
+        if partial is None:
+            return
+        where = os.path.relpath(spec["b6_checkpoint"], self.out_dir)
+        record.update({k: v for k, v in partial.items() if k not in ("status", "reason")})
+        record["b6_checkpoint"] = where
+        _stamp([record], self.machine, git_commit())
+        if self.args.b6_autotune != "record":
+            return
+        path = self.args.b6_configs or peers_liger.CONFIGS_PATH
+        date = datetime.datetime.fromtimestamp(self.start, datetime.UTC)
+        try:
+            keys = peers_liger.record_results(
+                [{"meta": {"date": date.isoformat(timespec="seconds")}, "records": [record]}],
+                path, also=[os.path.join(self.out_dir, "b6_configs.json")])
+        except (OSError, ValueError) as error:
+            print(f"B6: could not record {where} into {path}: {error}", flush=True)
+            return
+        if keys:
+            print(f"B6: the winners of {', '.join(sorted(partial.get('b6_searched', {})))} "
+                  f"searched before {record['key']} ended ({record['status']}) recorded in "
+                  f"{path} and {self.out_dir}/b6_configs.json", flush=True)
 
     def _watch(self, proc, events_path: str):
         """Waits for the worker; kills it when an item exceeds --item-timeout-s."""

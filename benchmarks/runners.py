@@ -212,13 +212,25 @@ def run_liger(sr, item: dict, problem, want: dict, record: dict) -> None:
                                   "only the other keys search")
     pl.say_once(f"B6 {plan.key}: {record['b6_autotune']}")
     before = pl.cache_keys(tuners)
+    checkpoint = None
+    if plan.mode in pl.SEARCH_MODES and sr.spec.get("b6_checkpoint"):
+        # the winners found so far, for the orchestrator should this worker die in the search
+        base = {**record, "gpu_name": sr.machine.get("gpu_name"),
+                "torch": sr.machine.get("torch")}
+        checkpoint = pl.Checkpoint(sr.spec["b6_checkpoint"], tuners, base, before).start()
 
     def after_first_call() -> None:  # what each kernel ran with, and which ones searched
+        if checkpoint is not None:
+            checkpoint.stop()  # no thread beside the check and the timed calls
         record["b6_configs"] = pl.capture(tuners)
         record["b6_searched"] = pl.searched(tuners, before)
 
-    _torch_checked_and_timed(sr, runner, item, want, record, _tolerances(sr, "B6"),
-                             after_first_call)
+    try:
+        _torch_checked_and_timed(sr, runner, item, want, record, _tolerances(sr, "B6"),
+                                 after_first_call)
+    finally:
+        if checkpoint is not None:
+            checkpoint.close()  # the item's record, whatever its status, supersedes it
 
 
 RUNNERS = {"jax": run_jax, "torch": run_torch, "liger": run_liger}

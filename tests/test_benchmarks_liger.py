@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
+import time
 import types
 
 import pytest
@@ -244,6 +246,9 @@ def test_tuned_falls_back_to_full_with_a_warning_saying_why(tmp_path):
     fwd_only = pl.select_mode("tuned", "S6", S6, ["fwd", "fwdbwd"], data=data, path=str(path))
     assert "not ['fwdbwd']" in _warning_of(fwd_only)
     assert pl.select_mode("tuned", "S6", S6, ["fwd"], data=data, path=str(path)).mode == "tuned"
+    data["shapes"]["S6"]["passes"] = ["fwdbwd"]  # its first call searched the forward's kernels
+    both = pl.select_mode("tuned", "S6", S6, ["fwd", "fwdbwd"], data=data, path=str(path))
+    assert both.mode == "tuned" and both.entry is data["shapes"]["S6"]
     moved = pl.select_mode("tuned", "S6", {**S6, "tokens": 4096}, ["fwd"], path=str(path))
     assert "'tokens': 4096" in _warning_of(moved)
     path.write_text("{not json")
@@ -384,9 +389,10 @@ class _FakeSR:
         record["status"] = "ok"
 
 
-def _run_liger(monkeypatch, spec: dict, module, passname: str = "fwd") -> dict:
-    from benchmarks import runners
-
+def _fake_liger(monkeypatch, module, first_call=None, timed=None) -> dict:
+    """run_liger's Liger replaced by ``module``'s fake autotuners: the first call launches the
+    pass's kernels as ``liger_call`` does (``first_call(tuners, passname)`` instead where
+    given), each timed call too (after ``timed()``). Returns the tuners."""
     tuners = pl.autotuned_kernels(module)
 
     class FakeLigerRunner:
@@ -394,11 +400,16 @@ def _run_liger(monkeypatch, spec: dict, module, passname: str = "fwd") -> dict:
             self.passname = passname
 
         def check_outputs(self, probe):
-            liger_call(tuners, self.passname)
+            (first_call or liger_call)(tuners, self.passname)
             return {}
 
         def step(self):
-            return lambda i: liger_call(tuners, self.passname)
+            def step(i):
+                if timed is not None:
+                    timed()
+                liger_call(tuners, self.passname)
+
+            return step
 
         def release(self):
             pass
@@ -410,8 +421,23 @@ def _run_liger(monkeypatch, spec: dict, module, passname: str = "fwd") -> dict:
     monkeypatch.setattr(pl, "triton_version", lambda: "3.6.0")
     monkeypatch.setattr(pl, "_printed", set())
     monkeypatch.setenv(pl.ENV, "1")
-    record: dict = {}
-    runners.run_liger(_FakeSR(spec), {"pass": passname, "routing": "balanced"}, None, {}, record)
+    return tuners
+
+
+def _b6_item(passname: str) -> dict:
+    return {"key": f"S6/balanced/{passname}/B6", "shape": "S6", "routing": "balanced",
+            "pass": passname, "impl": "B6"}
+
+
+def _run_liger(monkeypatch, spec: dict, module, passname: str = "fwd", **fake) -> dict:
+    """One B6 item through runners.run_liger; the record starts as the worker's would (the
+    item and the problem: ShapeRunner.base_record's fields that B6's recording reads)."""
+    from benchmarks import runners
+
+    _fake_liger(monkeypatch, module, **fake)
+    item = _b6_item(passname)
+    record = {**item, **S6}
+    runners.run_liger(_FakeSR(spec), item, None, {}, record)
     return record
 
 
@@ -625,3 +651,240 @@ def test_record_resumes_only_from_the_same_gpu_versions_and_problem(tmp_path):
     tuners = pl.autotuned_kernels(fake_liger_module())
     assert GEMMS[0] not in pl.prefill(tuners, kernels)
     assert tuners[GEMMS[0]].cache == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# A search cut short (the worker killed at --item-timeout-s, or crashed) keeps its winners
+# ---------------------------------------------------------------------------------------------
+
+FWD_KEY = [2048, 2048, BF16, BF16, I32, I32, I32, I32, BF16, BF16]  # liger_call's forward GEMMs
+GATHER_FWD_KEY = [2048, 2, False, BF16, F32, I32, BF16]
+GEMM_WINNER = {"kwargs": {"BLOCK_N": 64, "BLOCK_K": 64}, "num_warps": 8, "num_stages": 3,
+               "num_ctas": 1, "maxnreg": None}  # the cheapest by _gemm_cost
+FORWARD_KERNELS = {  # S6's forward search, as the configs file holds it
+    GEMMS[0]: {"key_names": ["H_dim", "I_dim"], "candidates": 32,
+               "winners": [{"key": FWD_KEY, "config": GEMM_WINNER}]},
+    GEMMS[1]: {"key_names": ["H_dim", "I_dim"], "candidates": 32,
+               "winners": [{"key": FWD_KEY, "config": GEMM_WINNER}]},
+    GATHER: {"key_names": ["H_dim", "K_dim", "w_is_None"], "candidates": 40,
+             "winners": [{"key": GATHER_FWD_KEY,
+                          "config": {"kwargs": {"BLOCK_H": 256, "BLOCK_K": 4}, "num_warps": 4,
+                                     "num_stages": 4, "num_ctas": 1, "maxnreg": None}}]},
+}
+
+
+def _wait_for_checkpoint(path, kernels, timeout_s: float = 10.0) -> dict:
+    """The checkpoint's record once its searched kernels are ``kernels`` (its thread writes)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            record = json.loads(path.read_text())["records"][0]
+        except (OSError, ValueError):
+            record = None
+        if record is not None and sorted(record["b6_searched"]) == sorted(kernels):
+            return record
+        time.sleep(0.005)
+    pytest.fail(f"{path} never named the searched kernels {sorted(kernels)}")
+
+
+def test_the_checkpoint_holds_each_winner_once_its_key_is_searched(tmp_path, monkeypatch):
+    path = tmp_path / "logs" / "S6-0.b6.json"
+    tuners = pl.autotuned_kernels(fake_liger_module())
+    given = tuners[GEMMS[1]]  # a key given from the file before the call (resumed)
+    given.cache[tuple(FWD_KEY)] = given.configs[0]
+    base = {k: v for k, v in b6_record(tuners, "fwdbwd", mode="record").items()
+            if k not in ("status", "b6_configs")}
+    base["b6_resumed"] = {GEMMS[1]: [FWD_KEY]}
+    checkpoint = pl.Checkpoint(str(path), tuners, base, pl.cache_keys(tuners))
+    assert checkpoint.write() is False and not path.exists()  # nothing searched yet
+
+    tuners[GEMMS[0]].run(tuple(FWD_KEY))
+    assert checkpoint.write() is True
+    data = json.loads(path.read_text())
+    assert data["records"] == [{
+        **base, "status": "running", "b6_partial": True, "b6_searched": {GEMMS[0]: 1},
+        "b6_configs": {
+            GEMMS[0]: FORWARD_KERNELS[GEMMS[0]],
+            GEMMS[1]: {"key_names": ["H_dim", "I_dim"], "candidates": 32, "winners": [
+                {"key": FWD_KEY, "config": {"kwargs": {"BLOCK_N": 64, "BLOCK_K": 32},
+                                            "num_warps": 4, "num_stages": 2, "num_ctas": 1,
+                                            "maxnreg": None}}]}}}]
+    assert checkpoint.write() is False  # no new key: the file stays
+    tuners[GATHER].run(tuple(GATHER_FWD_KEY))
+    assert checkpoint.write() is True
+    record = json.loads(path.read_text())["records"][0]
+    assert record["b6_searched"] == {GEMMS[0]: 1, GATHER: 1}
+    assert sorted(os.listdir(path.parent)) == ["S6-0.b6.json"]  # no temporary file left
+
+    # what it records: the searched winners (not the resumed key), and no pass
+    configs = tmp_path / "b6_configs.json"
+    assert pl.main(["record", str(path), "--configs", str(configs)]) == 0
+    entry = pl.load_configs(str(configs))["shapes"]["S6"]
+    assert entry["passes"] == [] and entry["items"] == ["S6/balanced/fwdbwd/B6"]
+    assert entry["kernels"] == {n: FORWARD_KERNELS[n] for n in (GEMMS[0], GATHER)}
+    plan = pl.select_mode("tuned", "S6", S6, ["fwdbwd"], path=str(configs))
+    assert plan.mode == "full" and "not ['fwdbwd']" in plan.warning
+    # a partial record only counts while its item is unfinished, and only from a search
+    assert pl.recorded_entries([{**record, "status": "check_failed"}]) == {}
+    assert pl.recorded_entries([{**record, "b6_mode": "tuned"}]) == {}
+    assert list(pl.recorded_entries([{**record, "status": "timeout"}])) == ["S6"]
+
+    # the thread: writes as keys appear, stops before the timed calls, close removes the file
+    monkeypatch.setattr(pl, "CHECKPOINT_INTERVAL_S", 0.01)
+    later = pl.Checkpoint(str(path), tuners, base, pl.cache_keys(tuners)).start()
+    assert pl.Checkpoint.THREAD_NAME in {t.name for t in threading.enumerate()}
+    tuners[GEMMS[2]].run(tuple(FWD_KEY))
+    assert _wait_for_checkpoint(path, [GEMMS[2]])["b6_configs"][GEMMS[2]]["winners"] == [
+        {"key": FWD_KEY, "config": GEMM_WINNER}]
+    later.stop()
+    assert pl.Checkpoint.THREAD_NAME not in {t.name for t in threading.enumerate()}
+    later.close()
+    assert not path.exists()
+
+
+def test_the_worker_checkpoints_its_search_during_the_first_call(tmp_path, monkeypatch):
+    monkeypatch.setattr(pl, "CHECKPOINT_INTERVAL_S", 0.01)
+    path = tmp_path / "logs" / "S6-0.b6.json"
+    seen = []
+
+    def first_call(tuners, passname):  # the forward kernels search, then the backward ones
+        liger_call(tuners, "fwd")
+        seen.append(_wait_for_checkpoint(path, (*GEMMS[:2], GATHER)))
+        liger_call(tuners, "fwdbwd")
+        seen.append(_wait_for_checkpoint(path, (*GEMMS, *DW, GATHER)))
+
+    def timed():
+        assert pl.Checkpoint.THREAD_NAME not in {t.name for t in threading.enumerate()}
+        assert not path.exists() or json.loads(path.read_text())["records"][0] == seen[-1]
+
+    record = _run_liger(monkeypatch, {"b6_configs": str(tmp_path / "absent.json"),
+                                      "b6_autotune": "record", "passes": ["fwdbwd"],
+                                      "b6_checkpoint": str(path)},
+                        fake_liger_module(), "fwdbwd", first_call=first_call, timed=timed)
+    assert record["status"] == "ok" and not path.exists()  # the record says it all now
+    assert seen[0]["b6_configs"] == FORWARD_KERNELS
+    assert (seen[0]["key"], seen[0]["status"], seen[0]["b6_mode"]) == (
+        "S6/balanced/fwdbwd/B6", "running", "record")
+    assert (seen[0]["gpu_name"], seen[0]["liger_kernel"], seen[0]["triton"]) == (
+        "NVIDIA H200", "0.8.5", "3.6.0")
+    assert seen[1]["b6_configs"] == record["b6_configs"]
+    assert seen[1]["b6_searched"] == record["b6_searched"] == {
+        **{n: 1 for n in (*GEMMS, *DW)}, GATHER: 2}
+
+
+@pytest.mark.parametrize("mode,killed", [("record", True), ("record", False), ("full", True)])
+def test_a_worker_dead_in_its_search_leaves_the_winners_to_the_next_call(tmp_path, monkeypatch,
+                                                                         mode, killed):
+    """The orchestrator kills the worker at --item-timeout-s (or it crashes) while the forward
+    kernels of an S6 fwd+bwd have their winners and the backward ones search: the item's record
+    gets the checkpoint's winners and, in record mode, both configs files at once, from which
+    the next call on the same GPU and versions resumes."""
+    from benchmarks import run, runners
+
+    monkeypatch.setattr(pl, "CHECKPOINT_INTERVAL_S", 0.01)
+    monkeypatch.setenv("JAX_MOK_GIT_COMMIT", "abc1234")
+    configs, out = tmp_path / "b6_configs.json", tmp_path / "out"
+    key = "S6/balanced/fwdbwd/B6"
+    args = run.parse_args(["--b6-autotune", mode, "--b6-configs", str(configs), "--impls", "B6",
+                           "--shapes", "S6", "--routing", "balanced", "--passes", "fwdbwd",
+                           "--no-ceilings", "--out", str(out)])
+    orch = run.Orchestrator(args, str(out))
+
+    class Killed(BaseException):  # nothing of the worker runs after it
+        pass
+
+    def first_call(tuners, passname):
+        liger_call(tuners, "fwd")
+        _wait_for_checkpoint(out / "logs" / "S6-0.b6.json", (*GEMMS[:2], GATHER))
+        raise Killed
+
+    def fake_launch(self, name, spec, attempt):
+        assert spec["b6_checkpoint"] == str(out / "logs" / f"{name}-{attempt}.b6.json")
+        with open(spec["events"], "w") as f:
+            for event in ({"event": "machine", "gpu_name": "NVIDIA H200"},
+                          {"event": "start", "key": key, "time": time.time()}):
+                f.write(json.dumps(event) + "\n")
+        _fake_liger(monkeypatch, fake_liger_module(), first_call=first_call)
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(Killed):
+            mp.setattr(pl.Checkpoint, "close", pl.Checkpoint.stop)  # a kill cleans nothing up
+            runners.run_liger(_FakeSR(spec), _b6_item("fwdbwd"), None, {},
+                              {**_b6_item("fwdbwd"), **S6})
+        return types.SimpleNamespace(pid=0), open(out / "logs" / f"{name}-{attempt}.log", "w")
+
+    monkeypatch.setattr(run.Orchestrator, "_launch", fake_launch)
+    monkeypatch.setattr(run.Orchestrator, "_watch",
+                        lambda self, proc, path: (-9, key) if killed else (-11, None))
+    [record] = orch.shape("S6")
+    assert record["status"] == ("timeout" if killed else "crash")
+    assert record["b6_partial"] and record["b6_checkpoint"] == os.path.join("logs", "S6-0.b6.json")
+    assert (record["b6_mode"], record["gpu_name"], record["git_commit"]) == (
+        mode, "NVIDIA H200", "abc1234")
+    assert record["b6_configs"] == FORWARD_KERNELS
+    # results.json carries it: python -m benchmarks.peers_liger record takes it from there too
+    assert pl.recorded_entries([record])["S6"]["kernels"] == FORWARD_KERNELS
+    if mode == "full":  # full records nothing by itself
+        assert not configs.exists() and not (out / "b6_configs.json").exists()
+        return
+    assert (out / "b6_configs.json").read_text() == configs.read_text()
+    entry = pl.load_configs(str(configs))["shapes"]["S6"]
+    assert (entry["passes"], entry["items"], entry["gpu"], entry["git_commit"]) == (
+        [], [key], "NVIDIA H200", "abc1234")
+    assert entry["kernels"] == FORWARD_KERNELS
+    assert pl.resumable("S6", S6, "NVIDIA H200", "0.8.5", "3.6.0",
+                        path=str(configs)) == FORWARD_KERNELS
+    for other in (("NVIDIA H100 80GB HBM3", "0.8.5", "3.6.0"), ("NVIDIA H200", "0.8.6", "3.6.0"),
+                  ("NVIDIA H200", "0.8.5", "3.5.0")):  # another GPU, liger-kernel or Triton
+        assert pl.resumable("S6", S6, *other, path=str(configs)) == {}
+
+    # the next call: the kept forward winners launch without a search, the backward searches
+    module = fake_liger_module()
+    spec = {"b6_configs": str(configs), "b6_autotune": "record", "passes": ["fwdbwd"]}
+    resumed = _run_liger(monkeypatch, spec, module, "fwdbwd")
+    assert resumed["b6_resumed"] == {GEMMS[0]: [FWD_KEY], GEMMS[1]: [FWD_KEY],
+                                     GATHER: [GATHER_FWD_KEY]}
+    assert resumed["b6_searched"] == {n: 1 for n in (*GEMMS[2:], *DW, GATHER)}
+    assert [getattr(module, n).searches for n in GEMMS[:2]] == [0, 0]
+    # on another GPU the checkpoint's winners are not resumed: everything searches
+    monkeypatch.setattr(_FakeSR, "__init__", _other_gpu(_FakeSR.__init__))
+    fresh = _run_liger(monkeypatch, spec, fake_liger_module(), "fwdbwd")
+    assert "b6_resumed" not in fresh
+    assert fresh["b6_searched"] == {**{n: 1 for n in (*GEMMS, *DW)}, GATHER: 2}
+
+
+def test_with_tritons_own_autotuner_a_key_is_checkpointed_once_its_search_is_done(tmp_path):
+    """Triton's ``Autotuner.run`` puts a key into ``cache`` after benchmarking its every
+    candidate (launch and benchmark stubbed, as above): a checkpoint written mid-search has no
+    winner for it, one written after names the winner."""
+    triton = pytest.importorskip("triton")
+    tl = triton.language
+
+    class Tensor:
+        dtype = BF16
+
+    @triton.autotune(configs=[triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=3)
+                              for n, w in itertools.product((64, 128), (4, 8))],
+                     key=["H_dim"])
+    @triton.jit
+    def _fused_down_proj_kernel(x_ptr, H_dim: tl.constexpr, BLOCK_N: tl.constexpr):
+        pass
+
+    tuner = _fused_down_proj_kernel
+    tuner.fn.run = lambda *args, **kwargs: None
+    tuners = {"_fused_down_proj_kernel": tuner}
+    path = tmp_path / "S6-0.b6.json"
+    checkpoint = pl.Checkpoint(str(path), tuners, b6_record({}, "fwd"), pl.cache_keys(tuners))
+    mid_search = []
+
+    def bench(*args, config, **kwargs):
+        mid_search.append(checkpoint.write())
+        return [abs(config.kwargs["BLOCK_N"] - 128) + config.num_warps, 0.0, 0.0]
+
+    tuner._bench = bench
+    tuner.run(Tensor(), H_dim=2048, grid=(1,))
+    assert mid_search == [False] * 4 and not path.exists()
+    assert checkpoint.write() is True
+    assert json.loads(path.read_text())["records"][0]["b6_configs"] == {
+        "_fused_down_proj_kernel": {"key_names": ["H_dim"], "candidates": 4, "winners": [
+            {"key": [2048, BF16], "config": {"kwargs": {"BLOCK_N": 128}, "num_warps": 4,
+                                             "num_stages": 3, "num_ctas": 1,
+                                             "maxnreg": None}}]}}
