@@ -116,3 +116,25 @@ def test_host_lead_medians_only_the_calls_that_have_one():
     st = kt.host_stats(host, device, 2, call_event="")
     assert st["lead_ms"] == pytest.approx(6.0)  # the second call's, from Await at 4 ms
     assert st["lead_event"] == "Await"
+
+
+def test_clock_samples_are_parsed_and_summarized():
+    """nvidia-smi's csv lines (clock MHz, power W) give the median and minimum clock and the
+    median power; unreadable lines (a header, a warning) are skipped, none readable is None."""
+    lines = ["1980, 500.5", "garbage", "1755, 699.0", "1980, 650.0", ""]
+    assert kt.parse_smi(lines) == {"mhz": 1980.0, "min_mhz": 1755.0, "watts": 650.0,
+                                   "samples": 3}
+    assert kt.parse_smi(["[N/A], [N/A]"]) is None
+
+
+def test_gpu_clocks_reads_what_the_sampler_printed():
+    """The sampler runs beside the block and its output is read when the block ends (a stand-in
+    command prints two samples); without nvidia-smi the result is None, not an error."""
+    cmd = [sys.executable, "-c", "print('1410, 300.0'); print('1200, 310.0')"]
+    with kt.gpu_clocks(cmd) as c:
+        assert c["clocks"] is None  # filled in afterwards
+    assert c["clocks"] == {"mhz": 1305.0, "min_mhz": 1200.0, "watts": 305.0, "samples": 2}
+    if kt.shutil.which("nvidia-smi") is None:
+        with kt.gpu_clocks() as none:
+            pass
+        assert none["clocks"] is None

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import dataclasses
 import functools
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -531,23 +534,73 @@ def _short(name: str, width: int = 70) -> str:
     return (name if m is None else name[m.start():])[:width]
 
 
+SMI_QUERY = ["--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-i", "0",
+             "-lms", "50"]
+
+
+def parse_smi(lines: list[str]) -> dict | None:
+    """Median SM clock (MHz), its minimum and median power (W) of ``nvidia-smi`` lines
+    ``"1980, 512.34"`` (SMI_QUERY); None without a readable line."""
+    rows = []
+    for line in lines:
+        try:
+            mhz, watts = (float(v) for v in line.split(","))
+        except ValueError:
+            continue
+        rows.append((mhz, watts))
+    if not rows:
+        return None
+    return {"mhz": statistics.median(m for m, _ in rows), "min_mhz": min(m for m, _ in rows),
+            "watts": statistics.median(w for _, w in rows), "samples": len(rows)}
+
+
+@contextlib.contextmanager
+def gpu_clocks(command: list[str] | None = None):
+    """Samples GPU 0's SM clock and power every 50 ms while the block runs (``nvidia-smi -lms``,
+    read only: nothing is set); yields a dict that holds :func:`parse_smi`'s result under
+    ``"clocks"`` afterwards (None where nvidia-smi is absent or printed nothing)."""
+    out: dict = {"clocks": None}
+    command = command or ([shutil.which("nvidia-smi"), *SMI_QUERY]
+                          if shutil.which("nvidia-smi") else None)
+    if command is None:
+        yield out
+        return
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        time.sleep(0.1)  # its first sample, before the work starts
+        yield out
+    finally:
+        proc.terminate()
+        text, _ = proc.communicate(timeout=10)
+        out["clocks"] = parse_smi(text.splitlines())
+
+
+def _clock_text(c: dict | None) -> str:
+    return "-" if c is None else (f"{c['mhz']:.0f} MHz (min {c['min_mhz']:.0f}), "
+                                  f"{c['watts']:.0f} W, {c['samples']} samples")
+
+
 def timeline(shapes: list[str], quantization: str = "none", calls: int = 5) -> None:
     """Per shape: the synchronized call's wall time (as the protocol times it), the same calls
     enqueued back to back, and a jax.profiler trace of ``calls`` synchronized calls read back:
     the kernels' span and busy time per call, the device's idle time inside a call, and each
     kernel's time. wall - span is host dispatch and synchronization; idle is the device waiting
     between kernels; a kernel slower here than in ``profile`` (which serializes the phases) ran
-    slower back to back. The ``host`` lines read the same trace's host threads
-    (:func:`host_stats`): the host's lead before each call's first kernel and what it spends its
-    time on around a call."""
+    slower back to back. ``clocks``: GPU 0's SM clock and power while the synchronized and the
+    back-to-back calls ran (:func:`gpu_clocks`). The ``host`` lines read the same trace's host
+    threads (:func:`host_stats`): the host's lead before each call's first kernel and what it
+    spends its time on around a call."""
     import tempfile
 
     for name in shapes:
         x, ids, w, wgu, wd, dy = inputs(name)
         fb = forward_backward(ids, dy, quantization=quantization)
         jax.block_until_ready(fb(x, w, wgu, wd))
-        wall = median_s(fb, x, w, wgu, wd, n=10) * 1e3
-        b2b = back_to_back_s(fb, x, w, wgu, wd, reps=10) * 1e3
+        with gpu_clocks() as synced:
+            wall = median_s(fb, x, w, wgu, wd, n=10) * 1e3
+        with gpu_clocks() as ahead:
+            b2b = back_to_back_s(fb, x, w, wgu, wd, reps=10) * 1e3
         with tempfile.TemporaryDirectory() as d:
             with jax.profiler.trace(d):
                 for _ in range(calls):
@@ -563,6 +616,8 @@ def timeline(shapes: list[str], quantization: str = "none", calls: int = 5) -> N
               f"span {st['span_ms']:.3f} ms, busy {st['busy_ms']:.3f}, idle inside "
               f"{st['idle_ms']:.3f} (largest gap {st['largest_gap_us']:.1f} us, "
               f"{st['events_per_call']:.0f} events a call)", flush=True)
+        print(f"  clocks: synchronized {_clock_text(synced['clocks'])}; back to back "
+              f"{_clock_text(ahead['clocks'])}", flush=True)
         for ms, kernel in st["kernels"][:14]:
             print(f"  {ms:8.3f} ms  {_short(kernel)}", flush=True)
         if isinstance(host, str):
