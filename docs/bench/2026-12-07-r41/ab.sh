@@ -1,7 +1,8 @@
 #!/bin/bash
 # The next session's first call on any one GPU (~260 s): the two kernel changes built at r41 after
 # its calls, in the head's default build (ext-main, md5 cbf118d2), against r40's default build
-# (ext-base, md5 225fa41d), bitwise and per phase, then the mx GPU tests and S1's timeline on the head's build:
+# (ext-base, md5 225fa41d), bitwise and per phase, then the mx GPU tests and S1's timeline on
+# the head's build:
 #   carry [".device/ext-main", ".device/ext-base", ".whl"]
 #   JAX_MOK_GIT_COMMIT=<head> OUT=$OUT [BODY_S=330] [SHAPES=S1,S6] [QUANT="none fp8_block mxfp8"]
 #     bash docs/bench/2026-12-07-r41/ab.sh
