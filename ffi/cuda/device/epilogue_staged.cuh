@@ -208,15 +208,7 @@ __device__ __forceinline__ void st_shared16(uint32_t addr, const uint4& v) {
 // is visible, stays in flight through that pass's math and stores, and is written into the freed
 // buffers after its copy-out — so no pass waits a whole L2/HBM round trip with nothing else in
 // flight (each pass waiting for its own h left four such waits a tile exposed).
-// kRolled (the BF16 kernel): the pass loop is not unrolled, so that its body (the SwiGLU backward
-// of a pass's 32 values, with the sigmoid's division) exists once in the kernel instead of
-// BN / 64 times: unrolled, it made dy·Wd^T's kernels the largest of the GEMMs (5.3k-7.1k SASS
-// instructions against 1.4k-2.5k for the other BF16 ones). Registers cannot be indexed at run
-// time, so each pass reads values 0..31 and then moves the next pass's values down into them
-// (acc(i) is then a reference; the epilogue is the accumulators' last use). The arithmetic and
-// its order are the unrolled loop's: the outputs are bitwise the same. The FP8 kernels keep the
-// unrolled loop: rolled, every accumulator stays live through all passes and they spill.
-template <int BN, bool kRolled = false, class Acc>
+template <int BN, class Acc>
 __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const WorkTile& w, Acc&& acc,
                                                   int wg, int t, const EpiBuffers& eb) {
   const int F = p.N, row_base = 64 * wg;
@@ -235,22 +227,22 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
   });
   cp_async_commit();
   uint4 next[2][4];  // the next pass's h, in flight while this pass runs
-  // One pass: value(l) is the tile's value 32 pass + l, in column 64 pass + frag_col(l, t).
-  auto run_pass = [&](int pass, auto&& value) {
+#pragma unroll
+  for (int pass = 0; pass < BN / 64; ++pass) {
     const int f0 = w.n_tile * BN + 64 * pass;
     if (pass == 0) cp_async_wait<0>();
     warpgroup_sync(wg);  // h of this pass is in buffers 0 and 1
     if (pass + 1 < BN / 64) load_h_pass(p, w, row_base, f0 + 64, t, next);
 #pragma unroll
-    for (int l = 0; l < 32; l += 2) {
-      const int rh = (l >> 1) & 1, c = frag_col(l, t);
+    for (int i = 32 * pass; i < 32 * pass + 32; i += 2) {
+      const int rh = (i >> 1) & 1, c = frag_col(i, t) - 64 * pass;
       if (!rows.ok[rh] || f0 + c >= F) continue;
-      const uint32_t off = fo.at(rh, (l >> 2) & 7);
+      const uint32_t off = fo.at(rh, (i >> 2) & 7);
       const float2 hg = ld_shared_pair(eb.buf[0] + off), hu = ld_shared_pair(eb.buf[1] + off);
-      const SwiGLUGrad d0 = swiglu_bwd(value(l), hg.x, hu.x, rows.weight[rh]);
-      const SwiGLUGrad d1 = swiglu_bwd(value(l + 1), hg.y, hu.y, rows.weight[rh]);
-      dw_rows[rh] += value(l) * d0.a;
-      dw_rows[rh] += value(l + 1) * d1.a;
+      const SwiGLUGrad d0 = swiglu_bwd(acc(i), hg.x, hu.x, rows.weight[rh]);
+      const SwiGLUGrad d1 = swiglu_bwd(acc(i + 1), hg.y, hu.y, rows.weight[rh]);
+      dw_rows[rh] += acc(i) * d0.a;
+      dw_rows[rh] += acc(i + 1) * d1.a;
       st_shared_pair(eb.buf[0] + off, d0.dgate, d1.dgate);
       st_shared_pair(eb.buf[1] + off, d0.dup, d1.dup);
       st_shared_pair(eb.buf[2] + off, d0.aw, d1.aw);
@@ -273,20 +265,6 @@ __device__ __forceinline__ void swiglu_bwd_staged(const GemmParams& p, const Wor
         st_shared16(eb.buf[1] + off0 + 2048 * j, next[1][j]);
       }
     }
-  };
-  if constexpr (kRolled) {
-#pragma unroll 1
-    for (int pass = 0; pass < BN / 64; ++pass) {
-      run_pass(pass, acc);
-      if (pass + 1 < BN / 64) {
-#pragma unroll
-        for (int l = 0; l < BN / 2 - 32; ++l) acc(l) = acc(l + 32);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int pass = 0; pass < BN / 64; ++pass)
-      run_pass(pass, [&](int l) { return acc(32 * pass + l); });
   }
   store_dw_partials(p, w, rows, dw_rows, t);
 }

@@ -438,9 +438,9 @@ __device__ __forceinline__ void consumer(const GemmParams& p, const int* s_prefi
       const uint32_t sa = smem_u32(ring_a) + prev * Cfg::kStageBytesA;
       const uint32_t sb = smem_u32(ring_b) + prev * Cfg::kStageBytesB;
       const EpiBuffers eb = held_buffers(sa, sb, sb + 16384, wg - 1);
-      auto value = [&](int i) -> float& { return acc(i); };  // swiglu_bwd_staged moves values
+      auto value = [&](int i) { return acc(i); };
       if constexpr (kEpi == Epi::kSwiGLUBwd)
-        swiglu_bwd_staged<BN, true>(p, w, value, wg - 1, t, eb);
+        swiglu_bwd_staged<BN>(p, w, value, wg - 1, t, eb);
       else
         glu_staged<kEpi, BN>(p, w, value, wg - 1, t, eb);
       release_held_stage(&empty[prev], wg - 1, t);
