@@ -271,10 +271,12 @@ def cache_keys(tuners: dict) -> dict[str, set]:
     return {name: set(_snapshot(t.cache)) for name, t in tuners.items()}
 
 
-def searched(tuners: dict, before: dict[str, set]) -> dict[str, int]:
-    """The kernels whose cache gained keys since ``before`` (they searched): how many keys."""
+def searched(tuners: dict, before: dict[str, set], now: dict[str, set] | None = None
+             ) -> dict[str, int]:
+    """The kernels whose cache gained keys since ``before`` (they searched): how many keys.
+    ``now``: the caches' keys already read (:func:`cache_keys`), else read here."""
     grown = {name: len(keys - before.get(name, set()))
-             for name, keys in cache_keys(tuners).items()}
+             for name, keys in (now if now is not None else cache_keys(tuners)).items()}
     return {name: n for name, n in grown.items() if n}
 
 
@@ -395,7 +397,7 @@ class Checkpoint:
         # the keys first, then the capture: the file holds at least the keys remembered as
         # written, so a key is never left out until the next new one
         now = cache_keys(self.tuners)
-        grown = searched(self.tuners, self.before)
+        grown = searched(self.tuners, self.before, now)
         if not grown or now == self.written:
             return False
         record = {**self.base, "status": "running", "b6_partial": True,

@@ -560,8 +560,8 @@ def gpu_clocks(command: list[str] | None = None):
     read only: nothing is set); yields a dict that holds :func:`parse_smi`'s result under
     ``"clocks"`` afterwards (None where nvidia-smi is absent or printed nothing)."""
     out: dict = {"clocks": None}
-    command = command or ([shutil.which("nvidia-smi"), *SMI_QUERY]
-                          if shutil.which("nvidia-smi") else None)
+    if command is None and (smi := shutil.which("nvidia-smi")):
+        command = [smi, *SMI_QUERY]
     if command is None:
         yield out
         return
