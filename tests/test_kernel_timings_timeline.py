@@ -138,3 +138,45 @@ def test_gpu_clocks_reads_what_the_sampler_printed():
         with kt.gpu_clocks() as none:
             pass
         assert none["clocks"] is None
+
+
+def test_clock_reasons_name_every_limit_seen():
+    """A third field is the clocks event reasons mask: the limits seen in any sample are named
+    (the idle bit is not a limit); a mask of none gives an empty list, unreadable masks drop
+    their line."""
+    lines = ["1560, 436.0, 0x0000000000000004", "1470, 440.0, 0x0000000000000024",
+             "1980, 120.0, 0x0000000000000001", "1500, 400.0, notahex"]
+    c = kt.parse_smi(lines)
+    assert c["samples"] == 3 and c["min_mhz"] == 1470.0
+    assert c["reasons"] == ["sw power cap", "sw thermal"]
+    assert kt.parse_smi(["1980, 500.0, 0x0"])["reasons"] == []
+    assert "limited by: sw power cap" in kt._clock_text(kt.parse_smi(lines[:1]))
+
+
+def test_fresh_then_hot_times_three_conditions(monkeypatch):
+    """The fresh and after-load measures are synchronized calls' medians; the sustained one
+    keeps calling until its seconds pass and divides by the calls made."""
+    monkeypatch.setattr(kt.time, "sleep", lambda s: None)
+    calls = {"sync": 0, "enqueue": 0}
+
+    def sync_call(i):
+        calls["sync"] += 1
+
+    def enqueue(i):
+        calls["enqueue"] += 1
+        return kt.jnp.zeros(())
+
+    rows = kt._fresh_then_hot(sync_call, enqueue, 0.05)
+    assert [r[0] for r in rows] == ["fresh", "back to back 0.05 s", "synchronized after"]
+    assert calls["sync"] == 2 * (3 + 20) and calls["enqueue"] >= 1
+    assert all(ms >= 0 for _, ms, _ in rows)
+
+
+def test_clocks_prints_a_row_per_condition(monkeypatch, capsys):
+    """The mode end to end on the CPU with a small dot and no layer: three rows, each with its
+    ms, TFLOP/s and a clock column ("-" without nvidia-smi)."""
+    monkeypatch.setattr(kt.time, "sleep", lambda s: None)
+    kt.clocks([], seconds=0.01, n=128)
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| bf16 dot 128^3")]
+    assert [r.split(" | ")[1] for r in rows] == ["fresh", "back to back 0.01 s",
+                                                 "synchronized after"]

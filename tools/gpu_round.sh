@@ -20,6 +20,9 @@
 #            (fp8_block; a list), PROFILE_TIMEOUT (120 s) each: wall time, back-to-back time and
 #            a trace's kernels, busy and idle time per fwd+bwd call (what the profile's phases,
 #            each timed after a host sync, leave out)
+#   clocks   tools/kernel_timings.py clocks of CLOCK_SHAPES (S1,S6), CLOCK_S (3) seconds of load
+#            each, CLOCK_TIMEOUT (150 s): the ceiling's bf16 dot and the layers' fwd+bwd fresh,
+#            under sustained load and right after, with the SM clock and its limits sampled
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table) into $OUT/bench (bench_TAG with
 #            ROUND_TAG), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)
@@ -198,6 +201,10 @@ for s in ${STEPS//,/ }; do
       note "suite rest: rc=$rb $(tail -1 "$OUT/suite_rest.log")"
       grep -E "^FAILED|^ERROR" "$OUT/suite_fp8.log" "$OUT/suite_rest.log" | head -20
       note "suite: $(( $(date +%s) - t )) s"
+      ;;
+    clocks)
+      TAIL=20 run clocks ${CLOCK_TIMEOUT:-150} python3 tools/kernel_timings.py clocks \
+        --shapes ${CLOCK_SHAPES:-S1,S6} --seconds ${CLOCK_S:-3}
       ;;
     tests)
       JAX_MOK_REQUIRE_CUDA=1 run tests ${TESTS_TIMEOUT:-200} $PYTEST ${TESTS:?tests: set TESTS}

@@ -13,6 +13,8 @@
     python3 tools/kernel_timings.py timeline --shapes S1,S2 [--quantization fp8_block]  # where a
         # synchronized fwd+bwd call's wall time goes: its kernels back to back (jax.profiler
         # trace), the idle time between them, and what lies outside them (the host's events)
+    python3 tools/kernel_timings.py clocks --shapes S1,S6 [--seconds 3]  # the ceiling's dot and
+        # the layers fresh, under sustained load and right after it, with the SM clock sampled
     python3 tools/kernel_timings.py timings --quantization fp8_block,mxfp8   # the FP8 layer:
         # fwd (weights quantized inside), fwd with pre-quantized weights, fwd+bwd; against the
         # FP8 matmul ceiling. ``profile`` / ``forward`` take --quantization too (one recipe).
@@ -534,34 +536,83 @@ def _short(name: str, width: int = 70) -> str:
     return (name if m is None else name[m.start():])[:width]
 
 
-SMI_QUERY = ["--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-i", "0",
-             "-lms", "50"]
+SMI_FIELDS = "clocks.sm,power.draw"
+SMI_FORMAT = ["--format=csv,noheader,nounits", "-i", "0"]
+# The bits of nvidia-smi's clocks event (throttle) reasons mask that say why the SM clock is
+# below its maximum (nvml's clocksEventReasons; 0x1, the idle GPU, is not a limit).
+CLOCK_REASONS = {0x2: "application clocks", 0x4: "sw power cap", 0x8: "hw slowdown",
+                 0x10: "sync boost", 0x20: "sw thermal", 0x40: "hw thermal",
+                 0x80: "hw power brake", 0x100: "display clock"}
 
 
 def parse_smi(lines: list[str]) -> dict | None:
     """Median SM clock (MHz), its minimum and median power (W) of ``nvidia-smi`` lines
-    ``"1980, 512.34"`` (SMI_QUERY); None without a readable line."""
-    rows = []
+    ``"1980, 512.34"`` (:func:`smi_command`'s fields); where the lines carry a third field, the
+    clocks event reasons mask (``"0x0000000000000004"``), ``"reasons"`` names every limiting
+    reason seen in any sample (CLOCK_REASONS; empty: none). None without a readable line."""
+    rows, masks = [], []
     for line in lines:
+        fields = [v.strip() for v in line.split(",")]
         try:
-            mhz, watts = (float(v) for v in line.split(","))
-        except ValueError:
+            mhz, watts = float(fields[0]), float(fields[1])
+            mask = int(fields[2], 16) if len(fields) > 2 else None
+        except (ValueError, IndexError):
             continue
         rows.append((mhz, watts))
+        if mask is not None:
+            masks.append(mask)
     if not rows:
         return None
-    return {"mhz": statistics.median(m for m, _ in rows), "min_mhz": min(m for m, _ in rows),
-            "watts": statistics.median(w for _, w in rows), "samples": len(rows)}
+    out = {"mhz": statistics.median(m for m, _ in rows), "min_mhz": min(m for m, _ in rows),
+           "watts": statistics.median(w for _, w in rows), "samples": len(rows)}
+    if masks:
+        seen = 0
+        for m in masks:
+            seen |= m
+        out["reasons"] = [name for bit, name in CLOCK_REASONS.items() if seen & bit]
+    return out
+
+
+@functools.cache
+def smi_command() -> list[str] | None:
+    """The sampling command (every 50 ms, read only: nothing is set): the SM clock, the power
+    and, where this driver knows one of its names, the clocks event reasons mask; None without
+    nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        fields = f"{SMI_FIELDS},{reasons}"
+        probe = subprocess.run([smi, f"--query-gpu={fields}", *SMI_FORMAT],
+                               capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0 and parse_smi(probe.stdout.splitlines()) is not None:
+            return [smi, f"--query-gpu={fields}", *SMI_FORMAT, "-lms", "50"]
+    return [smi, f"--query-gpu={SMI_FIELDS}", *SMI_FORMAT, "-lms", "50"]
+
+
+def power_limits() -> str:
+    """GPU 0's enforced and default power limits and its maximum SM clock, as nvidia-smi reports
+    them (read only), or "-"."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "-"
+    q = subprocess.run([smi, "--query-gpu=enforced.power.limit,power.default_limit,"
+                        "clocks.max.sm,temperature.gpu", *SMI_FORMAT],
+                       capture_output=True, text=True, timeout=30)
+    if q.returncode != 0 or not q.stdout.strip():
+        return "-"
+    limit, default, max_sm, temp = (v.strip() for v in q.stdout.strip().split(","))
+    return (f"power limit {limit} W (default {default} W), max SM clock {max_sm} MHz, "
+            f"{temp} C now")
 
 
 @contextlib.contextmanager
 def gpu_clocks(command: list[str] | None = None):
-    """Samples GPU 0's SM clock and power every 50 ms while the block runs (``nvidia-smi -lms``,
-    read only: nothing is set); yields a dict that holds :func:`parse_smi`'s result under
+    """Samples GPU 0's SM clock and power (and the clocks event reasons, :func:`smi_command`)
+    every 50 ms while the block runs; yields a dict that holds :func:`parse_smi`'s result under
     ``"clocks"`` afterwards (None where nvidia-smi is absent or printed nothing)."""
     out: dict = {"clocks": None}
-    if command is None and (smi := shutil.which("nvidia-smi")):
-        command = [smi, *SMI_QUERY]
+    command = command or smi_command()
     if command is None:
         yield out
         return
@@ -577,8 +628,13 @@ def gpu_clocks(command: list[str] | None = None):
 
 
 def _clock_text(c: dict | None) -> str:
-    return "-" if c is None else (f"{c['mhz']:.0f} MHz (min {c['min_mhz']:.0f}), "
-                                  f"{c['watts']:.0f} W, {c['samples']} samples")
+    if c is None:
+        return "-"
+    text = (f"{c['mhz']:.0f} MHz (min {c['min_mhz']:.0f}), {c['watts']:.0f} W, "
+            f"{c['samples']} samples")
+    if "reasons" in c:
+        text += f", limited by: {', '.join(c['reasons']) or 'nothing'}"
+    return text
 
 
 def timeline(shapes: list[str], quantization: str = "none", calls: int = 5) -> None:
@@ -769,10 +825,71 @@ def fit(paths: list[str], ceilings: dict[str, float]) -> None:
               f"{100 * r['stage_efficiency']:.0f} % | {100 * r['worst_residual']:.1f} % |")
 
 
+def _fresh_then_hot(sync_call, enqueue, seconds: float) -> list[tuple[str, float, dict | None]]:
+    """ms per call of one workload in three conditions, each with GPU 0's clocks sampled beside
+    it: "fresh" (after 2 s idle: 3 warm-ups, median of 20 synchronized calls, the protocol's
+    way), "back to back" (``seconds`` of calls, one always queued behind the running one) and
+    "synchronized after" (the fresh measure again, right after that load)."""
+    def synced() -> float:
+        return statistics.median(time_steps(lambda i: sync_call(i), warmup=3, iters=20)) * 1e3
+
+    time.sleep(2.0)  # an idle GPU, as the harness's first item of a shape finds it
+    rows = []
+    with gpu_clocks() as c:
+        fresh = synced()
+    rows.append(("fresh", fresh, c["clocks"]))
+    with gpu_clocks() as c:
+        t0, n, prev = time.perf_counter(), 0, None
+        while time.perf_counter() - t0 < seconds:
+            cur = enqueue(n)
+            if prev is not None:
+                jax.block_until_ready(prev)  # keeps one call queued behind the running one
+            prev, n = cur, n + 1
+        jax.block_until_ready(prev)
+        hot = (time.perf_counter() - t0) / n * 1e3
+    rows.append((f"back to back {seconds:g} s", hot, c["clocks"]))
+    with gpu_clocks() as c:
+        after = synced()
+    rows.append(("synchronized after", after, c["clocks"]))
+    return rows
+
+
+def clocks(shapes: list[str], quantization: str = "none", seconds: float = 3.0,
+           n: int = 8192) -> None:
+    """Whether the protocol's ceiling and its layer rows run at the same SM clock. The bf16
+    matmul of the ceiling (XLA ``jnp.dot``, 8192^3: ~30 ms of work per measure) and each shape's
+    fwd+bwd, each fresh, under ``seconds`` of sustained load and right after it
+    (:func:`_fresh_then_hot`), with the clock, the power and the reasons the driver gives for a
+    clock below its maximum. A ceiling taken at a clock the layers do not keep would understate
+    their share of it."""
+    print(f"GPU 0: {power_limits()}", flush=True)
+    keys = jax.random.split(jax.random.key(3), 4)
+    mats = [jax.random.normal(k, (n, n), jnp.float32).astype(jnp.bfloat16) for k in keys]
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
+    pairs = [(mats[0], mats[1]), (mats[2], mats[3])]
+    work = [(f"bf16 dot {n}^3", 2 * n**3,
+             lambda i: jax.block_until_ready(mm(*pairs[i % 2])),
+             lambda i: mm(*pairs[i % 2]))]
+    for name in shapes:
+        x, ids, w, wgu, wd, dy = inputs(name)
+        fb = forward_backward(ids, dy, quantization=quantization)
+        label = name if quantization == "none" else f"{name}:{quantization}"
+        work.append((f"{label} fwd+bwd", 3 * shape(name).forward_flops(),
+                     lambda i, fb=fb, a=(x, w, wgu, wd): jax.block_until_ready(fb(*a)),
+                     lambda i, fb=fb, a=(x, w, wgu, wd): fb(*a)))
+    print("| work | condition | ms per call | TFLOP/s | SM clock |", flush=True)
+    print("|---|---|---|---|---|", flush=True)
+    for label, flops, sync_call, enqueue in work:
+        jax.block_until_ready(enqueue(0))  # compiled before any timed condition
+        for cond, ms, c in _fresh_then_hot(sync_call, enqueue, seconds):
+            print(f"| {label} | {cond} | {ms:.3f} | {flops / ms / 1e9:.0f} | "
+                  f"{_clock_text(c)} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("timings", "profile", "forward", "compare", "quantizers",
-                                     "compile", "fit", "timeline"))
+                                     "compile", "fit", "timeline", "clocks"))
     ap.add_argument("files", nargs="*", help="compare: two profile outputs; fit: any number")
     ap.add_argument("--ceilings", default="738,1400",
                     help="fit: the bf16 and FP8 matmul ceilings (TFLOP/s) of the profiled run")
@@ -784,6 +901,8 @@ def main() -> None:
     ap.add_argument("--fp8-weight-grads", default=None, choices=("fp8", "unquantized"),
                     help="MoEConfig.fp8_weight_gradients of the FP8 runs (default: the "
                          "layer's, MoEConfig.weight_gradient_mode)")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="clocks: seconds of sustained load per workload")
     args = ap.parse_args()
     global FP8_WEIGHT_GRADS
     FP8_WEIGHT_GRADS = args.fp8_weight_grads
@@ -792,7 +911,7 @@ def main() -> None:
     if bad or not quantizations:
         ap.error(f"--quantization: expected a comma list from {QUANTIZATIONS}, got "
                  f"{args.quantization!r}")
-    if args.what in ("profile", "forward", "timeline") and len(quantizations) != 1:
+    if args.what in ("profile", "forward", "timeline", "clocks") and len(quantizations) != 1:
         ap.error(f"--quantization: {args.what} takes one value, got {args.quantization!r}")
     if args.what == "profile" and os.environ.get("JAX_MOK_CUDA_PROFILE", "0").lower() not in (
             "1", "true", "on"):
@@ -834,6 +953,10 @@ def main() -> None:
             ap.error("timeline times the calls as they run: unset JAX_MOK_CUDA_PROFILE (it "
                      "synchronizes the host after every phase)")
         timeline(shapes, quantizations[0])
+    elif args.what == "clocks":
+        if os.environ.get("JAX_MOK_CUDA_PROFILE", "0").lower() in ("1", "true", "on"):
+            ap.error("clocks times the calls as they run: unset JAX_MOK_CUDA_PROFILE")
+        clocks(shapes, quantizations[0], args.seconds)
     else:
         for name in shapes:
             x, ids, w, wgu, wd, _ = inputs(name)

@@ -20,13 +20,15 @@
 #                   S1, S2, S3, S6, 70 s each (tools/gpu_round.sh profile)
 #   skew[:SHAPES]   jax_mok alone (BF16), skewed and balanced routing on SHAPES (S1-S6), issue 22's
 #                   "skewed within 1.15x of balanced" (last measured at 2dc886d), 240 s
+#   clocks          the SM clock under sustained load against the protocol's fresh measures
+#                   (tools/gpu_round.sh clocks: the ceiling's dot, S1 and S6 fwd+bwd), 150 s
 #   e2e             the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an
 #                   H200 it ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and
 #                   fp8_block also at their own best batch up to 32 (both ran out of memory at 64,
 #                   r22; E2E_CAP lowers that cap), step-time breakdown; E2E_TIMEOUT seconds (default:
 #                   what is left less gpu_round.sh's set-up)
 set -uo pipefail
-[ $# -gt 0 ] || { echo "usage: call.sh PIECE [PIECE...] (suite, bench:SHAPES[:S], b6:SHAPES, profiles, skew[:SHAPES], e2e)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: call.sh PIECE [PIECE...] (suite, bench:SHAPES[:S], b6:SHAPES, profiles, clocks, skew[:SHAPES], e2e)"; exit 2; }
 export JAX_MOK_GIT_COMMIT=${JAX_MOK_GIT_COMMIT:?pass JAX_MOK_GIT_COMMIT=<head>}
 export OUT EXT_DIR=.device/ext-main  # every piece's gpu_round.sh: the carried extension
 BODY_S=${BODY_S:-570}
@@ -54,6 +56,8 @@ piece() {
     profiles)
       ROUND_TAG=profiles PROFILE_SHAPES=S1,S2,S3,S6 PROFILE_QUANT="${PROFILES:-none fp8_block mxfp8}" \
         PROFILE_TIMEOUT=70 tools/gpu_round.sh profile ;;
+    clocks)
+      ROUND_TAG=clocks tools/gpu_round.sh clocks ;;
     skew|skew:*)
       local shapes=S1,S2,S3,S4,S5,S6; [ "$1" != skew ] && shapes=${1#skew:}
       ROUND_TAG=bench_skew BENCH_TIMEOUT=240 BENCH_ARGS="--routing skewed,balanced --impls jax_mok \
