@@ -180,3 +180,22 @@ def test_clocks_prints_a_row_per_condition(monkeypatch, capsys):
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| bf16 dot 128^3")]
     assert [r.split(" | ")[1] for r in rows] == ["fresh", "back to back 0.01 s",
                                                  "synchronized after"]
+
+
+def test_clocks_goes_on_after_a_workload_runs_out_of_memory(monkeypatch, capsys):
+    """A layer that does not fit prints an "out of memory" row and the next workload still
+    runs; any other runtime error is raised."""
+    monkeypatch.setattr(kt.time, "sleep", lambda s: None)
+
+    def oom(name):
+        if name == "S6":
+            raise kt.jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory")
+        raise kt.jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    monkeypatch.setattr(kt, "inputs", oom)
+    kt.clocks(["S6"], seconds=0.01, n=64)
+    out = capsys.readouterr().out
+    assert "| S6 fwd+bwd | out of memory |" in out
+    assert out.count("| bf16 dot 64^3 |") == 3
+    with pytest.raises(kt.jax.errors.JaxRuntimeError, match="INTERNAL"):
+        kt.clocks(["S1"], seconds=0.01, n=64)

@@ -186,13 +186,16 @@ for s in ${STEPS//,/ }; do
       ;;
     suite)
       step "single-GPU suite, two processes"
+      # SIGINT at the limit: pytest then names the test it was in and prints its summary (the
+      # tests done, the slowest ones); SIGKILL 20 s later if it has not ended.
+      SUITE_LIMIT="timeout -s INT -k 20 ${SUITE_TIMEOUT:-300}"
       t=$(date +%s)
-      XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 JAX_MOK_REQUIRE_CUDA=1 timeout ${SUITE_TIMEOUT:-300} \
-        $PYTEST tests/test_cuda_fp8.py tests/test_cuda_fp8_weights.py tests/test_fp8_weights.py \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 JAX_MOK_REQUIRE_CUDA=1 $SUITE_LIMIT $PYTEST --durations=8 \
+        tests/test_cuda_fp8.py tests/test_cuda_fp8_weights.py tests/test_fp8_weights.py \
         > "$OUT/suite_fp8.log" 2>&1 &
       a=$!
-      XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 JAX_MOK_REQUIRE_CUDA=1 timeout ${SUITE_TIMEOUT:-300} \
-        $PYTEST -m "gpu and not multigpu" tests --ignore=tests/test_cuda_fp8.py \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 JAX_MOK_REQUIRE_CUDA=1 $SUITE_LIMIT $PYTEST --durations=8 \
+        -m "gpu and not multigpu" tests --ignore=tests/test_cuda_fp8.py \
         --ignore=tests/test_cuda_fp8_weights.py --ignore=tests/test_fp8_weights.py \
         > "$OUT/suite_rest.log" 2>&1 &
       b=$!

@@ -856,32 +856,48 @@ def _fresh_then_hot(sync_call, enqueue, seconds: float) -> list[tuple[str, float
 
 def clocks(shapes: list[str], quantization: str = "none", seconds: float = 3.0,
            n: int = 8192) -> None:
-    """Whether the protocol's ceiling and its layer rows run at the same SM clock. The bf16
-    matmul of the ceiling (XLA ``jnp.dot``, 8192^3: ~30 ms of work per measure) and each shape's
-    fwd+bwd, each fresh, under ``seconds`` of sustained load and right after it
-    (:func:`_fresh_then_hot`), with the clock, the power and the reasons the driver gives for a
-    clock below its maximum. A ceiling taken at a clock the layers do not keep would understate
-    their share of it."""
+    """Whether the protocol's ceiling and its layer rows are taken in the same state of the GPU.
+    The bf16 matmul of the ceiling (XLA ``jnp.dot``, 8192^3: ~30 ms of work per measure) and each
+    shape's fwd+bwd, each fresh, under ``seconds`` of sustained load and right after it
+    (:func:`_fresh_then_hot`), with the SM clock, the power and the reasons the driver gives for
+    a clock below its maximum. The samples are 50-ms averages: a measure shorter than that
+    reads mostly the idle GPU around it, so compare the ms columns first. Each workload's inputs
+    live only while it runs; one that does not fit prints an "out of memory" row and the next
+    one runs."""
     print(f"GPU 0: {power_limits()}", flush=True)
-    keys = jax.random.split(jax.random.key(3), 4)
-    mats = [jax.random.normal(k, (n, n), jnp.float32).astype(jnp.bfloat16) for k in keys]
-    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
-    pairs = [(mats[0], mats[1]), (mats[2], mats[3])]
-    work = [(f"bf16 dot {n}^3", 2 * n**3,
-             lambda i: jax.block_until_ready(mm(*pairs[i % 2])),
-             lambda i: mm(*pairs[i % 2]))]
-    for name in shapes:
+
+    def dot():
+        keys = jax.random.split(jax.random.key(3), 4)
+        mats = [jax.random.normal(k, (n, n), jnp.float32).astype(jnp.bfloat16) for k in keys]
+        mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
+        return lambda i: mm(mats[2 * (i % 2)], mats[2 * (i % 2) + 1])
+
+    def layer(name: str):
         x, ids, w, wgu, wd, dy = inputs(name)
         fb = forward_backward(ids, dy, quantization=quantization)
+        return lambda i: fb(x, w, wgu, wd)
+
+    work = [(f"bf16 dot {n}^3", 2 * n**3, dot)]
+    for name in shapes:
         label = name if quantization == "none" else f"{name}:{quantization}"
         work.append((f"{label} fwd+bwd", 3 * shape(name).forward_flops(),
-                     lambda i, fb=fb, a=(x, w, wgu, wd): jax.block_until_ready(fb(*a)),
-                     lambda i, fb=fb, a=(x, w, wgu, wd): fb(*a)))
+                     functools.partial(layer, name)))
     print("| work | condition | ms per call | TFLOP/s | SM clock |", flush=True)
     print("|---|---|---|---|---|", flush=True)
-    for label, flops, sync_call, enqueue in work:
-        jax.block_until_ready(enqueue(0))  # compiled before any timed condition
-        for cond, ms, c in _fresh_then_hot(sync_call, enqueue, seconds):
+    for label, flops, make in work:
+        try:
+            enqueue = make()
+            jax.block_until_ready(enqueue(0))  # compiled before any timed condition
+            rows = _fresh_then_hot(lambda i, f=enqueue: jax.block_until_ready(f(i)), enqueue,
+                                   seconds)
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            print(f"| {label} | out of memory | - | - | - |", flush=True)
+            continue
+        finally:
+            enqueue = None  # the workload's inputs go before the next one's are made
+        for cond, ms, c in rows:
             print(f"| {label} | {cond} | {ms:.3f} | {flops / ms / 1e9:.0f} | "
                   f"{_clock_text(c)} |", flush=True)
 

@@ -5,7 +5,8 @@
 # The pieces run in the order given, in one body cut at BODY_S seconds (default 570: the device's
 # limit is 600 s, or less when less device time is left, and pack_out must run); a piece that
 # needs time takes what it is given or what is left:
-#   suite           the whole single-GPU suite (tools/gpu_round.sh suite, 2 processes), 250 s each
+#   suite           the whole single-GPU suite (tools/gpu_round.sh suite, 2 processes), SUITE_S
+#                   (330) s each (r41's H100: 121 / 162 s; r42's: the second cut at 250 s)
 #   bench:SHAPES[:S] the protocol with peers (jax_mok, B2, B3, B6, both FP8 recipes) on SHAPES
 #                   (S4's FP8 rows need ~119 GiB: needs_h200), S seconds (default: what is left)
 #                   (IMPLS, PASSES: the harness's --impls / --passes, default
@@ -42,7 +43,7 @@ bench() {  # bench SHAPES SECONDS
 piece() {
   case $1 in
     suite)
-      ROUND_TAG=suite SUITE_TIMEOUT=250 tools/gpu_round.sh suite ;;
+      ROUND_TAG=suite SUITE_TIMEOUT=${SUITE_S:-330} tools/gpu_round.sh suite ;;
     bench:*)
       local spec=${1#bench:}
       local shapes=${spec%%:*} secs=$(left)
