@@ -154,8 +154,9 @@ def test_clock_reasons_name_every_limit_seen():
 
 
 def test_fresh_then_hot_times_three_conditions(monkeypatch):
-    """The fresh and after-load measures are synchronized calls' medians; the sustained one
-    keeps calling until its seconds pass and divides by the calls made."""
+    """The single calls after idle, then the fresh and after-load measures (synchronized calls'
+    medians); the sustained one keeps calling until its seconds pass and divides by the calls
+    made."""
     monkeypatch.setattr(kt.time, "sleep", lambda s: None)
     calls = {"sync": 0, "enqueue": 0}
 
@@ -167,19 +168,20 @@ def test_fresh_then_hot_times_three_conditions(monkeypatch):
         return kt.jnp.zeros(())
 
     rows = kt._fresh_then_hot(sync_call, enqueue, 0.05)
-    assert [r[0] for r in rows] == ["fresh", "back to back 0.05 s", "synchronized after"]
-    assert calls["sync"] == 2 * (3 + 20) and calls["enqueue"] >= 1
+    assert [r[0] for r in rows] == ["alone after idle", "fresh", "back to back 0.05 s",
+                                    "synchronized after"]
+    assert calls["sync"] == 3 + 2 * (3 + 20) and calls["enqueue"] >= 1
     assert all(ms >= 0 for _, ms, _ in rows)
 
 
 def test_clocks_prints_a_row_per_condition(monkeypatch, capsys):
-    """The mode end to end on the CPU with a small dot and no layer: three rows, each with its
+    """The mode end to end on the CPU with a small dot and no layer: four rows, each with its
     ms, TFLOP/s and a clock column ("-" without nvidia-smi)."""
     monkeypatch.setattr(kt.time, "sleep", lambda s: None)
     kt.clocks([], seconds=0.01, n=128)
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| bf16 dot 128^3")]
-    assert [r.split(" | ")[1] for r in rows] == ["fresh", "back to back 0.01 s",
-                                                 "synchronized after"]
+    assert [r.split(" | ")[1] for r in rows] == ["alone after idle", "fresh",
+                                                 "back to back 0.01 s", "synchronized after"]
 
 
 def test_clocks_goes_on_after_a_workload_runs_out_of_memory(monkeypatch, capsys):
@@ -196,6 +198,6 @@ def test_clocks_goes_on_after_a_workload_runs_out_of_memory(monkeypatch, capsys)
     kt.clocks(["S6"], seconds=0.01, n=64)
     out = capsys.readouterr().out
     assert "| S6 fwd+bwd | out of memory |" in out
-    assert out.count("| bf16 dot 64^3 |") == 3
+    assert out.count("| bf16 dot 64^3 |") == 4
     with pytest.raises(kt.jax.errors.JaxRuntimeError, match="INTERNAL"):
         kt.clocks(["S1"], seconds=0.01, n=64)

@@ -21,8 +21,9 @@
 #            a trace's kernels, busy and idle time per fwd+bwd call (what the profile's phases,
 #            each timed after a host sync, leave out)
 #   clocks   tools/kernel_timings.py clocks of CLOCK_SHAPES (S1,S6), CLOCK_S (3) seconds of load
-#            each, CLOCK_TIMEOUT (150 s): the ceiling's bf16 dot and the layers' fwd+bwd fresh,
-#            under sustained load and right after, with the SM clock and its limits sampled
+#            each, CLOCK_TIMEOUT (150 s): the ceiling's bf16 dot and the layers' fwd+bwd alone
+#            after idle, fresh, under sustained load and right after, with the SM clock and its
+#            limits sampled
 #   bench    python -m benchmarks.run $BENCH_ARGS (the protocol table) into $OUT/bench (bench_TAG with
 #            ROUND_TAG), BENCH_TIMEOUT (420 s)
 #   ep       tools/ep_bench.py $EP_ARGS (peer vs xla vs compute-only), EP_TIMEOUT (200 s)

@@ -826,15 +826,25 @@ def fit(paths: list[str], ceilings: dict[str, float]) -> None:
 
 
 def _fresh_then_hot(sync_call, enqueue, seconds: float) -> list[tuple[str, float, dict | None]]:
-    """ms per call of one workload in three conditions, each with GPU 0's clocks sampled beside
-    it: "fresh" (after 2 s idle: 3 warm-ups, median of 20 synchronized calls, the protocol's
-    way), "back to back" (``seconds`` of calls, one always queued behind the running one) and
-    "synchronized after" (the fresh measure again, right after that load)."""
+    """ms per call of one workload in four conditions, each with GPU 0's clocks sampled beside
+    it: "alone after idle" (one synchronized call after 1 s idle, median of 3: the per-phase
+    profile's condition, a single call on a rested GPU), "fresh" (after 2 s idle: 3 warm-ups,
+    median of 20 synchronized calls, the protocol's way), "back to back" (``seconds`` of calls,
+    one always queued behind the running one) and "synchronized after" (the fresh measure again,
+    right after that load)."""
     def synced() -> float:
         return statistics.median(time_steps(lambda i: sync_call(i), warmup=3, iters=20)) * 1e3
 
-    time.sleep(2.0)  # an idle GPU, as the harness's first item of a shape finds it
     rows = []
+    alone = []
+    with gpu_clocks() as c:
+        for i in range(3):
+            time.sleep(1.0)
+            t0 = time.perf_counter()
+            sync_call(i)
+            alone.append((time.perf_counter() - t0) * 1e3)
+    rows.append(("alone after idle", statistics.median(alone), c["clocks"]))
+    time.sleep(2.0)  # an idle GPU, as the harness's first item of a shape finds it
     with gpu_clocks() as c:
         fresh = synced()
     rows.append(("fresh", fresh, c["clocks"]))

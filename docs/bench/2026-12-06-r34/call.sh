@@ -21,8 +21,8 @@
 #                   S1, S2, S3, S6, 70 s each (tools/gpu_round.sh profile)
 #   skew[:SHAPES]   jax_mok alone (BF16), skewed and balanced routing on SHAPES (S1-S6), issue 22's
 #                   "skewed within 1.15x of balanced" (last measured at 2dc886d), 240 s
-#   clocks          the SM clock under sustained load against the protocol's fresh measures
-#                   (tools/gpu_round.sh clocks: the ceiling's dot, S1 and S6 fwd+bwd), 150 s
+#   clocks          tools/gpu_round.sh clocks (the ceiling's dot, S1 and S6 fwd+bwd): one call
+#                   alone after idle, the protocol's fresh measure, sustained load and after, 150 s
 #   e2e             the e2e table: 4 layers, the padded einsum's largest batch from 2 down (on an
 #                   H200 it ran out of memory at 4: a 123 GiB allocation, r22), jax_mok and
 #                   fp8_block also at their own best batch up to 32 (both ran out of memory at 64,
