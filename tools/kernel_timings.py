@@ -14,7 +14,8 @@
         # synchronized fwd+bwd call's wall time goes: its kernels back to back (jax.profiler
         # trace), the idle time between them, and what lies outside them (the host's events)
     python3 tools/kernel_timings.py clocks --shapes S1,S6 [--seconds 3]  # the ceiling's dot and
-        # the layers fresh, under sustained load and right after it, with the SM clock sampled
+        # the layers alone after idle, fresh, under sustained load and right after it, with the
+        # SM clock, the power and the driver's reasons for a lower clock sampled
     python3 tools/kernel_timings.py timings --quantization fp8_block,mxfp8   # the FP8 layer:
         # fwd (weights quantized inside), fwd with pre-quantized weights, fwd+bwd; against the
         # FP8 matmul ceiling. ``profile`` / ``forward`` take --quantization too (one recipe).
@@ -868,12 +869,12 @@ def clocks(shapes: list[str], quantization: str = "none", seconds: float = 3.0,
            n: int = 8192) -> None:
     """Whether the protocol's ceiling and its layer rows are taken in the same state of the GPU.
     The bf16 matmul of the ceiling (XLA ``jnp.dot``, 8192^3: ~30 ms of work per measure) and each
-    shape's fwd+bwd, each fresh, under ``seconds`` of sustained load and right after it
-    (:func:`_fresh_then_hot`), with the SM clock, the power and the reasons the driver gives for
-    a clock below its maximum. The samples are 50-ms averages: a measure shorter than that
-    reads mostly the idle GPU around it, so compare the ms columns first. Each workload's inputs
-    live only while it runs; one that does not fit prints an "out of memory" row and the next
-    one runs."""
+    shape's fwd+bwd, each alone after idle, fresh, under ``seconds`` of sustained load and right
+    after it (:func:`_fresh_then_hot`), with the SM clock, the power and the reasons the driver
+    gives for a clock below its maximum. The samples are 50-ms averages: a measure shorter than
+    that reads mostly the idle GPU around it, so compare the ms columns first. Each workload's
+    inputs live only while it runs; one that does not fit prints an "out of memory" row and the
+    next one runs."""
     print(f"GPU 0: {power_limits()}", flush=True)
 
     def dot():
@@ -944,6 +945,12 @@ def main() -> None:
         # without it the kernels print no phase times and the output holds only the markers
         ap.error("profile needs JAX_MOK_CUDA_PROFILE=1 in the environment (the kernels print "
                  "each phase's device time only then)")
+    if args.what in ("timeline", "clocks") and os.environ.get(
+            "JAX_MOK_CUDA_PROFILE", "0").lower() in ("1", "true", "on"):
+        ap.error(f"{args.what} times the calls as they run: unset JAX_MOK_CUDA_PROFILE (it "
+                 "synchronizes the host after every phase)")
+    if args.what == "clocks" and not args.seconds > 0:
+        ap.error(f"--seconds: expected a positive number of seconds, got {args.seconds}")
     if args.what == "compare":
         if len(args.files) != 2:
             ap.error("compare takes two profile output files")
@@ -975,13 +982,8 @@ def main() -> None:
     elif args.what == "profile":
         profile(shapes, quantizations[0])
     elif args.what == "timeline":
-        if os.environ.get("JAX_MOK_CUDA_PROFILE", "0").lower() in ("1", "true", "on"):
-            ap.error("timeline times the calls as they run: unset JAX_MOK_CUDA_PROFILE (it "
-                     "synchronizes the host after every phase)")
         timeline(shapes, quantizations[0])
     elif args.what == "clocks":
-        if os.environ.get("JAX_MOK_CUDA_PROFILE", "0").lower() in ("1", "true", "on"):
-            ap.error("clocks times the calls as they run: unset JAX_MOK_CUDA_PROFILE")
         clocks(shapes, quantizations[0], args.seconds)
     else:
         for name in shapes:
