@@ -581,6 +581,9 @@ def select_mode(requested: str, key: str, problem: dict, passes: Sequence[str],
     # covers the forward pass too (a kernel it lacks makes pin_recorded fall back).
     covered = set(entry["passes"]) | ({"fwd"} if "fwdbwd" in entry["passes"] else set())
     missing = [p for p in passes if p not in covered]
+    if missing and not entry["passes"]:
+        return plan.fall_back(f"{_where(path)} holds only a cut search's winners for this shape "
+                              "(a --b6-autotune record run resumes it)")
     if missing:
         return plan.fall_back(f"{_where(path)} has its configs for the {entry['passes']} "
                               f"pass(es) only, not {missing}")

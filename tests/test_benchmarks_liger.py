@@ -246,6 +246,9 @@ def test_tuned_falls_back_to_full_with_a_warning_saying_why(tmp_path):
     fwd_only = pl.select_mode("tuned", "S6", S6, ["fwd", "fwdbwd"], data=data, path=str(path))
     assert "not ['fwdbwd']" in _warning_of(fwd_only)
     assert pl.select_mode("tuned", "S6", S6, ["fwd"], data=data, path=str(path)).mode == "tuned"
+    data["shapes"]["S6"]["passes"] = []  # a cut search's checkpoint alone
+    cut = pl.select_mode("tuned", "S6", S6, ["fwd"], data=data, path=str(path))
+    assert cut.mode == "full" and "only a cut search's winners" in _warning_of(cut)
     data["shapes"]["S6"]["passes"] = ["fwdbwd"]  # its first call searched the forward's kernels
     both = pl.select_mode("tuned", "S6", S6, ["fwd", "fwdbwd"], data=data, path=str(path))
     assert both.mode == "tuned" and both.entry is data["shapes"]["S6"]
