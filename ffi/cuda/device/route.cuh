@@ -11,7 +11,7 @@
 namespace mok::cuda {
 
 constexpr int kRouteChunk = 1024;  // assignments per warp in count/place
-constexpr int kRouteWarps = 8;     // warps per block in count/place
+constexpr int kRouteWarps = 8;     // warps per block in count/place (at most: route_warps)
 constexpr int kTileM = 128;        // rows per GEMM tile (both paths)
 
 // Tile counters per call (Routing::tile_counters): the routed-M GEMMs of one forward or backward
@@ -23,9 +23,9 @@ struct Routing {
   int assignments;      // T*k
   int experts;          // E
   int chunks;           // ceil(T*k / kRouteChunk)
-  int* chunk_counts;    // [chunks, E] (zeroed before count)
-  int* tile_counters;   // [kTileCounters] right after chunk_counts, zeroed with it: the routed-M
-                        // GEMMs' dynamic tile order (GemmParams::tile_counter), one per GEMM
+  int* chunk_counts;    // [chunks, E]: counts (route_count_kernel), then bases (route_scan)
+  int* tile_counters;   // [kTileCounters] right after chunk_counts, zeroed by route_count_kernel:
+                        // the routed-M GEMMs' dynamic tile order (GemmParams::tile_counter)
   int* expert_offset;   // [E+1] first sorted position of each expert; [E] = valid total
   int* mtile_prefix;    // [E+1] exclusive prefix of ceil(count_e / kTileM)
   int* sorted_token;    // [T*k] token of each sorted position
@@ -35,16 +35,26 @@ struct Routing {
 };
 
 // One warp walks one chunk in rounds of 32; `visit(idx, e, rank_in_chunk)` sees each valid
-// assignment with its stable rank among the chunk's assignments of expert e.
+// assignment with its stable rank among the chunk's assignments of expert e. `counter` is the
+// warp's own [E] running counts in shared memory. The lane's ids of every round are loaded
+// before the first round, so the rounds wait on shared memory only, not on one global load each.
 template <class Visit>
 __device__ __forceinline__ void walk_chunk(const Routing& r, int chunk, int* counter, Visit visit) {
+  constexpr int kRounds = kRouteChunk / 32;
   const int lane = threadIdx.x & 31;
   const int begin = chunk * kRouteChunk;
   const int end = min(begin + kRouteChunk, r.assignments);
-  for (int base = begin; base < end; base += 32) {
-    const int idx = base + lane;
-    int e = idx < end ? r.topk_ids[idx] : -1;
-    const bool valid = e >= 0 && e < r.experts;
+  int ids[kRounds];
+#pragma unroll
+  for (int j = 0; j < kRounds; ++j) {
+    const int idx = begin + 32 * j + lane;
+    ids[j] = idx < end ? r.topk_ids[idx] : -1;
+  }
+#pragma unroll
+  for (int j = 0; j < kRounds; ++j) {
+    const int idx = begin + 32 * j + lane;
+    int e = ids[j];
+    const bool valid = idx < end && e >= 0 && e < r.experts;
     if (!valid) e = -1;
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const int leader = __ffs(peers) - 1;
@@ -60,12 +70,30 @@ __device__ __forceinline__ void walk_chunk(const Routing& r, int chunk, int* cou
   }
 }
 
-// counts per (chunk, expert)
+// Warps per block of the count and place kernels and their shared memory: each warp holds [E]
+// ints; fewer warps per block where E is large, so that a block fits 48 KB without an opt-in
+// up to E = 12288 (the routed GEMMs hold E-sized tables in their own shared memory too).
+constexpr int kRouteSmemBudget = 48 * 1024;
+inline int route_warps(int experts) {
+  const int fit = kRouteSmemBudget / (static_cast<int>(sizeof(int)) * experts);
+  return fit < 1 ? 1 : (fit < kRouteWarps ? fit : kRouteWarps);
+}
+
+// Per (chunk, expert) counts, written whole (no zeroed buffer needed); block 0 also zeroes the
+// GEMMs' tile counters, which follow chunk_counts.
 static __global__ void route_count_kernel(Routing r) {
-  const int chunk = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
-  if (chunk >= r.chunks) return;
-  walk_chunk(r, chunk, r.chunk_counts + static_cast<int64_t>(chunk) * r.experts,
-             [](int, int, int) {});
+  extern __shared__ int s_counter[];  // [warps][E]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (blockIdx.x == 0 && threadIdx.x < kTileCounters) r.tile_counters[threadIdx.x] = 0;
+  const int chunk = blockIdx.x * (blockDim.x >> 5) + warp;
+  if (chunk >= r.chunks) return;  // a whole warp; no block-wide barrier follows
+  int* counter = s_counter + warp * r.experts;
+  for (int e = lane; e < r.experts; e += 32) counter[e] = 0;
+  __syncwarp();
+  walk_chunk(r, chunk, counter, [](int, int, int) {});
+  __syncwarp();
+  int* out = r.chunk_counts + static_cast<int64_t>(chunk) * r.experts;
+  for (int e = lane; e < r.experts; e += 32) out[e] = counter[e];
 }
 
 // One block: per-expert totals, expert offsets, m-tile prefix, and each chunk's base position
@@ -128,35 +156,43 @@ static __global__ void route_scan_kernel(Routing r) {
   }
 }
 
-// Writes the sorted list; chunk_counts holds bases after route_scan_kernel.
+// Writes the sorted list (chunk_counts holds each chunk's bases after route_scan_kernel), and
+// -1 as the position of every skipped assignment (an id outside [0, E)).
 static __global__ void route_place_kernel(Routing r) {
-  const int chunk = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
+  extern __shared__ int s_counter[];  // [warps][E]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int chunk = blockIdx.x * (blockDim.x >> 5) + warp;
   if (chunk >= r.chunks) return;
-  walk_chunk(r, chunk, r.chunk_counts + static_cast<int64_t>(chunk) * r.experts,
-             [&](int idx, int, int pos) {
-               r.sorted_token[pos] = idx / r.top_k;
-               r.sorted_slot[pos] = idx;
-               r.assign_pos[idx] = pos;
-             });
-}
-
-static __global__ void route_mark_skipped_kernel(Routing r) {
-  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= r.assignments) return;
-  const int e = r.topk_ids[idx];
-  if (e < 0 || e >= r.experts) r.assign_pos[idx] = -1;
+  int* counter = s_counter + warp * r.experts;
+  const int* bases = r.chunk_counts + static_cast<int64_t>(chunk) * r.experts;
+  for (int e = lane; e < r.experts; e += 32) counter[e] = bases[e];
+  __syncwarp();
+  walk_chunk(r, chunk, counter, [&](int idx, int, int pos) {
+    r.sorted_token[pos] = idx / r.top_k;
+    r.sorted_slot[pos] = idx;
+    r.assign_pos[idx] = pos;
+  });
+  const int end = min((chunk + 1) * kRouteChunk, r.assignments);
+  for (int idx = chunk * kRouteChunk + lane; idx < end; idx += 32) {
+    const int e = r.topk_ids[idx];
+    if (e < 0 || e >= r.experts) r.assign_pos[idx] = -1;
+  }
 }
 
 inline cudaError_t build_routing(const Routing& r, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(
-      r.chunk_counts, 0, sizeof(int) * (static_cast<size_t>(r.chunks) * r.experts + kTileCounters),
-      stream);
-  if (err != cudaSuccess) return err;
-  const int blocks = (r.chunks + kRouteWarps - 1) / kRouteWarps;
-  route_count_kernel<<<blocks, 32 * kRouteWarps, 0, stream>>>(r);
+  const int warps = route_warps(r.experts);
+  const size_t smem = sizeof(int) * static_cast<size_t>(warps) * r.experts;
+  if (smem > kRouteSmemBudget) {  // E > 12288: one warp a block, with the opt-in
+    for (auto* kernel : {route_count_kernel, route_place_kernel}) {
+      const cudaError_t err = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (err != cudaSuccess) return err;
+    }
+  }
+  const int blocks = (r.chunks + warps - 1) / warps;
+  route_count_kernel<<<blocks, 32 * warps, smem, stream>>>(r);
   route_scan_kernel<<<1, 1024, 0, stream>>>(r);
-  route_place_kernel<<<blocks, 32 * kRouteWarps, 0, stream>>>(r);
-  route_mark_skipped_kernel<<<(r.assignments + 255) / 256, 256, 0, stream>>>(r);
+  route_place_kernel<<<blocks, 32 * warps, smem, stream>>>(r);
   return cudaGetLastError();
 }
 
