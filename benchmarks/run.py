@@ -219,6 +219,7 @@ class Orchestrator:
             "b6_configs": a.b6_configs and os.path.abspath(a.b6_configs),
             # beside the worker's event log: B6's searched winners so far (peers_liger.Checkpoint)
             "b6_checkpoint": os.path.splitext(events)[0] + ".b6.json",
+            "git_commit": git_commit(),  # for records a worker writes outside its events (B6's)
             "fp8_tolerance": a.fp8_tolerance, "run_start": self.start,
             # the first worker measures the ceilings before its items (one process less)
             "ceilings": not a.no_ceilings and self.ceilings is None,

@@ -215,8 +215,9 @@ def run_liger(sr, item: dict, problem, want: dict, record: dict) -> None:
     checkpoint = None
     if plan.mode in pl.SEARCH_MODES and sr.spec.get("b6_checkpoint"):
         # the winners found so far, for the orchestrator should this worker die in the search
+        # (a file that stands alone: `peers_liger record` takes it as a results.json)
         base = {**record, "gpu_name": sr.machine.get("gpu_name"),
-                "torch": sr.machine.get("torch")}
+                "torch": sr.machine.get("torch"), "git_commit": sr.spec.get("git_commit")}
         checkpoint = pl.Checkpoint(sr.spec["b6_checkpoint"], tuners, base, before).start()
 
     def after_first_call() -> None:  # what each kernel ran with, and which ones searched

@@ -765,14 +765,14 @@ def test_the_worker_checkpoints_its_search_during_the_first_call(tmp_path, monke
 
     record = _run_liger(monkeypatch, {"b6_configs": str(tmp_path / "absent.json"),
                                       "b6_autotune": "record", "passes": ["fwdbwd"],
-                                      "b6_checkpoint": str(path)},
+                                      "b6_checkpoint": str(path), "git_commit": "abc1234"},
                         fake_liger_module(), "fwdbwd", first_call=first_call, timed=timed)
     assert record["status"] == "ok" and not path.exists()  # the record says it all now
     assert seen[0]["b6_configs"] == FORWARD_KERNELS
     assert (seen[0]["key"], seen[0]["status"], seen[0]["b6_mode"]) == (
         "S6/balanced/fwdbwd/B6", "running", "record")
-    assert (seen[0]["gpu_name"], seen[0]["liger_kernel"], seen[0]["triton"]) == (
-        "NVIDIA H200", "0.8.5", "3.6.0")
+    assert (seen[0]["gpu_name"], seen[0]["liger_kernel"], seen[0]["triton"],
+            seen[0]["git_commit"]) == ("NVIDIA H200", "0.8.5", "3.6.0", "abc1234")
     assert seen[1]["b6_configs"] == record["b6_configs"]
     assert seen[1]["b6_searched"] == record["b6_searched"] == {
         **{n: 1 for n in (*GEMMS, *DW)}, GATHER: 2}
@@ -826,6 +826,9 @@ def test_a_worker_dead_in_its_search_leaves_the_winners_to_the_next_call(tmp_pat
     assert (record["b6_mode"], record["gpu_name"], record["git_commit"]) == (
         mode, "NVIDIA H200", "abc1234")
     assert record["b6_configs"] == FORWARD_KERNELS
+    # the checkpoint file stands alone (a call cut from outside leaves only it): it names the
+    # commit as the record does
+    assert pl.read_checkpoint(str(out / "logs" / "S6-0.b6.json"), key)["git_commit"] == "abc1234"
     # results.json carries it: python -m benchmarks.peers_liger record takes it from there too
     assert pl.recorded_entries([record])["S6"]["kernels"] == FORWARD_KERNELS
     if mode == "full":  # full records nothing by itself
