@@ -153,25 +153,31 @@ def test_clock_reasons_name_every_limit_seen():
     assert "limited by: sw power cap" in kt._clock_text(kt.parse_smi(lines[:1]))
 
 
-def test_fresh_then_hot_times_three_conditions(monkeypatch):
-    """The single calls after idle, then the fresh and after-load measures (synchronized calls'
-    medians); the sustained one keeps calling until its seconds pass and divides by the calls
-    made."""
+def test_fresh_then_hot_times_four_conditions(monkeypatch):
+    """Three single calls after idle, the fresh and after-load measures (median_s: 3 warm-ups
+    and 20 synchronized calls each) and back_to_back_s's five trials (and one warm-up) of reps
+    calls sized from the fresh time to ~``seconds`` in all: every call accounted for."""
     monkeypatch.setattr(kt.time, "sleep", lambda s: None)
-    calls = {"sync": 0, "enqueue": 0}
+    calls, reps_seen = [0], []
+    b2b = kt.back_to_back_s
 
-    def sync_call(i):
-        calls["sync"] += 1
+    def spy(f, *args, reps, trials):
+        reps_seen.append((reps, trials))
+        return b2b(f, *args, reps=reps, trials=trials)
 
-    def enqueue(i):
-        calls["enqueue"] += 1
-        return kt.jnp.zeros(())
+    monkeypatch.setattr(kt, "back_to_back_s", spy)
 
-    rows = kt._fresh_then_hot(sync_call, enqueue, 0.05)
+    def f(x):
+        calls[0] += 1
+        return x + 1
+
+    rows = kt._fresh_then_hot(f, (kt.jnp.zeros(()),), 0.05)
     assert [r[0] for r in rows] == ["alone after idle", "fresh", "back to back 0.05 s",
                                     "synchronized after"]
-    assert calls["sync"] == 3 + 2 * (3 + 20) and calls["enqueue"] >= 1
-    assert all(ms >= 0 for _, ms, _ in rows)
+    [(reps, trials)] = reps_seen
+    assert trials == 5 and reps == max(1, round(0.05e3 / 5 / max(rows[1][1], 1e-3)))
+    assert calls[0] == 3 + 2 * (3 + 20) + (1 + trials) * reps
+    assert all(ms > 0 for _, ms, _ in rows)
 
 
 def test_clocks_prints_a_row_per_condition(monkeypatch, capsys):

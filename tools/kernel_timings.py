@@ -826,41 +826,32 @@ def fit(paths: list[str], ceilings: dict[str, float]) -> None:
               f"{100 * r['stage_efficiency']:.0f} % | {100 * r['worst_residual']:.1f} % |")
 
 
-def _fresh_then_hot(sync_call, enqueue, seconds: float) -> list[tuple[str, float, dict | None]]:
-    """ms per call of one workload in four conditions, each with GPU 0's clocks sampled beside
+def _fresh_then_hot(f, args: tuple, seconds: float) -> list[tuple[str, float, dict | None]]:
+    """ms per call of ``f(*args)`` in four conditions, each with GPU 0's clocks sampled beside
     it: "alone after idle" (one synchronized call after 1 s idle, median of 3: the per-phase
-    profile's condition, a single call on a rested GPU), "fresh" (after 2 s idle: 3 warm-ups,
-    median of 20 synchronized calls, the protocol's way), "back to back" (``seconds`` of calls,
-    one always queued behind the running one) and "synchronized after" (the fresh measure again,
-    right after that load)."""
-    def synced() -> float:
-        return statistics.median(time_steps(lambda i: sync_call(i), warmup=3, iters=20)) * 1e3
-
+    profile's condition, a single call on a rested GPU), "fresh" (after 2 s idle:
+    :func:`median_s`, the protocol's way), "back to back" (:func:`back_to_back_s`, its five
+    trials sized to ~``seconds`` of calls in all) and "synchronized after" (the fresh measure
+    again, right after that load)."""
     rows = []
     alone = []
     with gpu_clocks() as c:
-        for i in range(3):
+        for _ in range(3):
             time.sleep(1.0)
             t0 = time.perf_counter()
-            sync_call(i)
+            jax.block_until_ready(f(*args))
             alone.append((time.perf_counter() - t0) * 1e3)
     rows.append(("alone after idle", statistics.median(alone), c["clocks"]))
     time.sleep(2.0)  # an idle GPU, as the harness's first item of a shape finds it
     with gpu_clocks() as c:
-        fresh = synced()
+        fresh = median_s(f, *args) * 1e3
     rows.append(("fresh", fresh, c["clocks"]))
+    reps = max(1, round(seconds * 1e3 / 5 / max(fresh, 1e-3)))
     with gpu_clocks() as c:
-        t0, n, prev = time.perf_counter(), 0, None
-        while time.perf_counter() - t0 < seconds:
-            cur = enqueue(n)
-            if prev is not None:
-                jax.block_until_ready(prev)  # keeps one call queued behind the running one
-            prev, n = cur, n + 1
-        jax.block_until_ready(prev)
-        hot = (time.perf_counter() - t0) / n * 1e3
+        hot = back_to_back_s(f, *args, reps=reps, trials=5) * 1e3
     rows.append((f"back to back {seconds:g} s", hot, c["clocks"]))
     with gpu_clocks() as c:
-        after = synced()
+        after = median_s(f, *args) * 1e3
     rows.append(("synchronized after", after, c["clocks"]))
     return rows
 
@@ -877,16 +868,14 @@ def clocks(shapes: list[str], quantization: str = "none", seconds: float = 3.0,
     next one runs."""
     print(f"GPU 0: {power_limits()}", flush=True)
 
-    def dot():
-        keys = jax.random.split(jax.random.key(3), 4)
-        mats = [jax.random.normal(k, (n, n), jnp.float32).astype(jnp.bfloat16) for k in keys]
-        mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
-        return lambda i: mm(mats[2 * (i % 2)], mats[2 * (i % 2) + 1])
+    def dot():  # n^3 bf16: each operand (128 MiB at 8192) far larger than the L2
+        a, b = (jax.random.normal(k, (n, n), jnp.float32).astype(jnp.bfloat16)
+                for k in jax.random.split(jax.random.key(3)))
+        return jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16)), (a, b)
 
     def layer(name: str):
         x, ids, w, wgu, wd, dy = inputs(name)
-        fb = forward_backward(ids, dy, quantization=quantization)
-        return lambda i: fb(x, w, wgu, wd)
+        return forward_backward(ids, dy, quantization=quantization), (x, w, wgu, wd)
 
     work = [(f"bf16 dot {n}^3", 2 * n**3, dot)]
     for name in shapes:
@@ -897,17 +886,16 @@ def clocks(shapes: list[str], quantization: str = "none", seconds: float = 3.0,
     print("|---|---|---|---|---|", flush=True)
     for label, flops, make in work:
         try:
-            enqueue = make()
-            jax.block_until_ready(enqueue(0))  # compiled before any timed condition
-            rows = _fresh_then_hot(lambda i, f=enqueue: jax.block_until_ready(f(i)), enqueue,
-                                   seconds)
+            f, args = make()
+            jax.block_until_ready(f(*args))  # compiled before any timed condition
+            rows = _fresh_then_hot(f, args, seconds)
         except jax.errors.JaxRuntimeError as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             print(f"| {label} | out of memory | - | - | - |", flush=True)
             continue
         finally:
-            enqueue = None  # the workload's inputs go before the next one's are made
+            f = args = None  # the workload's inputs go before the next one's are made
         for cond, ms, c in rows:
             print(f"| {label} | {cond} | {ms:.3f} | {flops / ms / 1e9:.0f} | "
                   f"{_clock_text(c)} |", flush=True)
