@@ -1,6 +1,6 @@
 #!/bin/bash
 # The next session's first call on any one GPU (~550 s): the routing kernels with shared-memory
-# counters (built after r42's calls; ext-main, md5 7c1a9dd6, the head's default build) against
+# counters (built after r42's calls; ext-main, md5 d8e25458, the head's default build) against
 # the previous default build (ext-base, md5 5a055398, r41/r42's measured one), bitwise and per
 # phase, then the whole single-GPU suite on the head's build:
 #   carry [".device/ext-main", ".device/ext-base", ".whl"]

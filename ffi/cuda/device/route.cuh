@@ -35,11 +35,13 @@ struct Routing {
 };
 
 // One warp walks one chunk in rounds of 32; `visit(idx, e, rank_in_chunk)` sees each valid
-// assignment with its stable rank among the chunk's assignments of expert e. `counter` is the
-// warp's own [E] running counts in shared memory. The lane's ids of every round are loaded
-// before the first round, so the rounds wait on shared memory only, not on one global load each.
-template <class Visit>
-__device__ __forceinline__ void walk_chunk(const Routing& r, int chunk, int* counter, Visit visit) {
+// assignment with its stable rank among the chunk's assignments of expert e, `skip(idx)` each
+// skipped one (an id outside [0, E)). `counter` is the warp's own [E] running counts in shared
+// memory. The lane's ids of every round are loaded before the first round, so the rounds wait
+// on shared memory only, not on one global load each.
+template <class Visit, class Skip>
+__device__ __forceinline__ void walk_chunk(const Routing& r, int chunk, int* counter, Visit visit,
+                                           Skip skip) {
   constexpr int kRounds = kRouteChunk / 32;
   const int lane = threadIdx.x & 31;
   const int begin = chunk * kRouteChunk;
@@ -55,7 +57,10 @@ __device__ __forceinline__ void walk_chunk(const Routing& r, int chunk, int* cou
     const int idx = begin + 32 * j + lane;
     int e = ids[j];
     const bool valid = idx < end && e >= 0 && e < r.experts;
-    if (!valid) e = -1;
+    if (!valid) {
+      if (idx < end) skip(idx);
+      e = -1;
+    }
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const int leader = __ffs(peers) - 1;
     const int before = __popc(peers & ((1u << lane) - 1u));
@@ -90,7 +95,7 @@ static __global__ void route_count_kernel(Routing r) {
   int* counter = s_counter + warp * r.experts;
   for (int e = lane; e < r.experts; e += 32) counter[e] = 0;
   __syncwarp();
-  walk_chunk(r, chunk, counter, [](int, int, int) {});
+  walk_chunk(r, chunk, counter, [](int, int, int) {}, [](int) {});
   __syncwarp();
   int* out = r.chunk_counts + static_cast<int64_t>(chunk) * r.experts;
   for (int e = lane; e < r.experts; e += 32) out[e] = counter[e];
@@ -167,16 +172,14 @@ static __global__ void route_place_kernel(Routing r) {
   const int* bases = r.chunk_counts + static_cast<int64_t>(chunk) * r.experts;
   for (int e = lane; e < r.experts; e += 32) counter[e] = bases[e];
   __syncwarp();
-  walk_chunk(r, chunk, counter, [&](int idx, int, int pos) {
-    r.sorted_token[pos] = idx / r.top_k;
-    r.sorted_slot[pos] = idx;
-    r.assign_pos[idx] = pos;
-  });
-  const int end = min((chunk + 1) * kRouteChunk, r.assignments);
-  for (int idx = chunk * kRouteChunk + lane; idx < end; idx += 32) {
-    const int e = r.topk_ids[idx];
-    if (e < 0 || e >= r.experts) r.assign_pos[idx] = -1;
-  }
+  walk_chunk(
+      r, chunk, counter,
+      [&](int idx, int, int pos) {
+        r.sorted_token[pos] = idx / r.top_k;
+        r.sorted_slot[pos] = idx;
+        r.assign_pos[idx] = pos;
+      },
+      [&](int idx) { r.assign_pos[idx] = -1; });
 }
 
 inline cudaError_t build_routing(const Routing& r, cudaStream_t stream) {
